@@ -1,0 +1,76 @@
+"""Read HF-format checkpoint directories: config.json, (sharded) safetensors, tokenizer files.
+
+Weights are streamed tensor by tensor from safetensors into a model whose parameters were allocated
+with ``to_empty`` after building on the meta device, so peak memory is one model plus one tensor.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+SINGLE_FILE = "model.safetensors"
+SHARD_INDEX = "model.safetensors.index.json"
+
+
+def read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    with path.open() as f:
+        return json.load(f)
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    index = directory / SHARD_INDEX
+    if index.is_file():
+        shards = sorted(set(read_json(index)["weight_map"].values()))
+        return [directory / shard for shard in shards]
+    if (directory / SINGLE_FILE).is_file():
+        return [directory / SINGLE_FILE]
+    found = sorted(directory.glob("*.safetensors"))
+    if not found:
+        raise ValueError(f"no safetensors weights in {directory}")
+    return found
+
+
+def iter_checkpoint_tensors(directory: Path) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+    """Yield ``(name, load)`` pairs; ``load()`` reads that one tensor from disk."""
+    for file in safetensors_files(directory):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                yield name, (lambda handle=handle, name=name: handle.get_tensor(name))
+
+
+def load_weights(
+    model: nn.Module, directory: Path, rename: Callable[[str], str | None],
+    device: torch.device, dtype: torch.dtype,
+) -> None:
+    """Fill a meta-device ``model`` from ``directory``; ``rename`` maps checkpoint names to ours
+    (``None`` skips a tensor that we do not use, e.g. rotary caches)."""
+    model.to_empty(device=device)
+    model.to(dtype)
+    model.tie_weights()  # moving off the meta device unties shared parameters
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for checkpoint_name, load in iter_checkpoint_tensors(directory):
+        name = rename(checkpoint_name)
+        if name is None:
+            continue
+        if name not in params:
+            raise ValueError(f"unexpected weight {checkpoint_name!r} in {directory}")
+        tensor = load()
+        if tensor.shape != params[name].shape:
+            raise ValueError(
+                f"weight {checkpoint_name!r} has shape {tuple(tensor.shape)}, "
+                f"expected {tuple(params[name].shape)} from config.json")
+        with torch.no_grad():
+            params[name].copy_(tensor.to(dtype))
+        loaded.add(name)
+    tied = {"lm_head.weight"} if model.lm_head.weight is model.embed_tokens.weight else set()
+    missing = set(params) - loaded - tied
+    if missing:
+        raise ValueError(f"checkpoint {directory} lacks weights: {sorted(missing)[:5]}")

@@ -1,0 +1,88 @@
+"""The Dream checkpoint family (``Dream-org/Dream-v0-Instruct-7B`` layout).
+
+Where the mapping comes from:
+* config.json follows Qwen2's keys (``hidden_size``, ``intermediate_size``, ``num_attention_heads``,
+  ``num_key_value_heads``, ``num_hidden_layers``, ``rope_theta``, ``rms_norm_eps``, ``vocab_size``,
+  ``tie_word_embeddings``, ``max_position_embeddings``) plus Dream's ``mask_token_id`` and
+  ``pad_token_id``; ``model_type: "Dream"``, ``architectures: ["DreamModel"]``.
+* Weight names are Qwen2's (``model.layers.N.self_attn.{q,k,v,o}_proj``, QKV with bias,
+  ``mlp.{gate,up,down}_proj``, ``input_layernorm``, ``post_attention_layernorm``, ``model.norm``,
+  ``lm_head``); attention is grouped-query (28 query heads over 4 key/value heads for the 7B).
+* **Logit shift**: Dream keeps its autoregressive initialisation's alignment, so the prediction for
+  position i comes from hidden state i-1 (``generation_utils.py``:
+  ``logits = cat([logits[:, :1], logits[:, :-1]])``). ``LOGIT_SHIFT = 1`` tells the batch layer to read
+  hidden states one column to the left of the block, and to include that column in the window.
+"""
+from __future__ import annotations
+
+import re
+
+from engine.models.transformer import TransformerConfig
+
+FAMILY = "dream"
+LOGIT_SHIFT = 1
+END_OF_TURN_TOKEN = "<|im_end|>"
+MASK_TOKEN = "<|mask|>"
+
+_LAYER_RENAMES = {
+    "input_layernorm.weight": "input_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "self_attn.q_proj.weight": "attention.q_proj.weight",
+    "self_attn.k_proj.weight": "attention.k_proj.weight",
+    "self_attn.v_proj.weight": "attention.v_proj.weight",
+    "self_attn.q_proj.bias": "attention.q_proj.bias",
+    "self_attn.k_proj.bias": "attention.k_proj.bias",
+    "self_attn.v_proj.bias": "attention.v_proj.bias",
+    "self_attn.o_proj.weight": "attention.o_proj.weight",
+    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
+    "mlp.up_proj.weight": "mlp.up_proj.weight",
+    "mlp.down_proj.weight": "mlp.down_proj.weight",
+}
+_TOP_RENAMES = {
+    "model.embed_tokens.weight": "embed_tokens.weight",
+    "model.norm.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
+_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def is_family(config: dict) -> bool:
+    return str(config.get("model_type", "")).lower() == "dream" or "DreamModel" in config.get(
+        "architectures", [])
+
+
+def transformer_config(config: dict) -> TransformerConfig:
+    num_heads = config["num_attention_heads"]
+    return TransformerConfig(
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=config.get("num_key_value_heads") or num_heads,
+        intermediate_size=config["intermediate_size"],
+        rope_theta=float(config.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        qkv_bias=True,
+        max_position_embeddings=config.get("max_position_embeddings", 32768),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+    )
+
+
+def rename_weight(name: str) -> str | None:
+    if name in _TOP_RENAMES:
+        return _TOP_RENAMES[name]
+    if "rotary_emb" in name:
+        return None
+    match = _LAYER_NAME.fullmatch(name)
+    if match and match.group(2) in _LAYER_RENAMES:
+        return f"layers.{match.group(1)}.{_LAYER_RENAMES[match.group(2)]}"
+    return name
+
+
+def checkpoint_weight_names(config: TransformerConfig) -> dict[str, str]:
+    """Our parameter name -> the Dream checkpoint name (used to write Dream-format checkpoints)."""
+    names = {ours: theirs for theirs, ours in _TOP_RENAMES.items()}
+    for layer in range(config.num_layers):
+        for theirs, ours in _LAYER_RENAMES.items():
+            names[f"layers.{layer}.{ours}"] = f"model.layers.{layer}.{theirs}"
+    return names

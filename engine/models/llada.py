@@ -1,0 +1,83 @@
+"""The LLaDA checkpoint family (``GSAI-ML/LLaDA-8B-Instruct`` layout).
+
+Where the mapping comes from:
+* config.json keys (``d_model``, ``n_heads``, ``n_kv_heads``, ``n_layers``, ``mlp_hidden_size``,
+  ``embedding_size``/``vocab_size``, ``rope_theta``, ``rms_norm_eps``, ``include_qkv_bias``,
+  ``weight_tying``, ``max_sequence_length``, ``mask_token_id``, ``eos_token_id``, ``pad_token_id``,
+  ``model_type: "llada"``) are those of the released config.json (OLMo-derived ``LLaDAConfig``).
+* Weight names follow the checkpoint's own ``modeling_llada.py`` (``LLaDALlamaBlock``): attention
+  ``q_proj``/``k_proj``/``v_proj``/``attn_out``; SwiGLU is ``ff_out(act(ff_proj(x)) * up_proj(x))``, so
+  ``ff_proj`` is the gate and ``up_proj`` the up projection; norms ``attn_norm``/``ff_norm``; embedding
+  ``wte``; final norm ``ln_f``; output head ``ff_out`` at the transformer level (absent when tied).
+* No logit shift: the hidden state at position i predicts token i.
+"""
+from __future__ import annotations
+
+import re
+
+from engine.models.transformer import TransformerConfig
+
+FAMILY = "llada"
+LOGIT_SHIFT = 0
+END_OF_TURN_TOKEN = "<|eot_id|>"
+MASK_TOKEN = "<|mdm_mask|>"
+
+_BLOCK_RENAMES = {
+    "attn_norm.weight": "input_norm.weight",
+    "ff_norm.weight": "post_attention_norm.weight",
+    "q_proj.weight": "attention.q_proj.weight",
+    "k_proj.weight": "attention.k_proj.weight",
+    "v_proj.weight": "attention.v_proj.weight",
+    "q_proj.bias": "attention.q_proj.bias",
+    "k_proj.bias": "attention.k_proj.bias",
+    "v_proj.bias": "attention.v_proj.bias",
+    "attn_out.weight": "attention.o_proj.weight",
+    "ff_proj.weight": "mlp.gate_proj.weight",
+    "up_proj.weight": "mlp.up_proj.weight",
+    "ff_out.weight": "mlp.down_proj.weight",
+}
+_TOP_RENAMES = {
+    "model.transformer.wte.weight": "embed_tokens.weight",
+    "model.transformer.ln_f.weight": "norm.weight",
+    "model.transformer.ff_out.weight": "lm_head.weight",
+}
+_BLOCK_NAME = re.compile(r"model\.transformer\.blocks\.(\d+)\.(.+)")
+
+
+def is_family(config: dict) -> bool:
+    return config.get("model_type") == "llada" or "LLaDAModelLM" in config.get("architectures", [])
+
+
+def transformer_config(config: dict) -> TransformerConfig:
+    num_heads = config["n_heads"]
+    return TransformerConfig(
+        vocab_size=config.get("embedding_size") or config["vocab_size"],
+        hidden_size=config["d_model"],
+        num_layers=config["n_layers"],
+        num_heads=num_heads,
+        num_kv_heads=config.get("n_kv_heads") or num_heads,
+        intermediate_size=config.get("mlp_hidden_size") or config["mlp_ratio"] * config["d_model"],
+        rope_theta=float(config.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        qkv_bias=bool(config.get("include_qkv_bias", False) or config.get("include_bias", False)),
+        max_position_embeddings=config.get("max_sequence_length", 4096),
+        tie_word_embeddings=bool(config.get("weight_tying", False)),
+    )
+
+
+def rename_weight(name: str) -> str | None:
+    if name in _TOP_RENAMES:
+        return _TOP_RENAMES[name]
+    match = _BLOCK_NAME.fullmatch(name)
+    if match and match.group(2) in _BLOCK_RENAMES:
+        return f"layers.{match.group(1)}.{_BLOCK_RENAMES[match.group(2)]}"
+    return name  # unknown names are reported by the loader
+
+
+def checkpoint_weight_names(config: TransformerConfig) -> dict[str, str]:
+    """Our parameter name -> the LLaDA checkpoint name (used to write LLaDA-format checkpoints)."""
+    names = {ours: theirs for theirs, ours in _TOP_RENAMES.items()}
+    for layer in range(config.num_layers):
+        for theirs, ours in _BLOCK_RENAMES.items():
+            names[f"layers.{layer}.{ours}"] = f"model.transformer.blocks.{layer}.{theirs}"
+    return names

@@ -1,0 +1,139 @@
+"""Resolve a model name, detect its checkpoint family, and load model + tokenizer + special ids."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from engine.models import dream, llada
+from engine.models.checkpoint import load_weights, read_json
+from engine.models.transformer import BidirectionalTransformer
+
+FAMILIES: tuple[ModuleType, ...] = (llada, dream)
+TINY_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny"
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    mask_id: int
+    eos_id: int
+    pad_id: int
+    stop_ids: tuple[int, ...]  # EOS and end-of-turn: a committed one ends the request
+
+
+@dataclass
+class DiffusionLM:
+    """A loaded checkpoint: the transformer plus everything the engine must know about its family."""
+
+    name: str
+    family: str
+    model: BidirectionalTransformer
+    tokenizer: PreTrainedTokenizerBase
+    tokens: SpecialTokens
+    logit_shift: int  # hidden state at column c predicts the token at column c + logit_shift
+    max_length: int  # longest row (prompt + canvas) the model accepts
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def resolve_model_dir(model: str | Path) -> Path:
+    """``"tiny"`` -> the shipped model; an existing directory -> itself; ``org/name`` -> the hub."""
+    if str(model) == "tiny":
+        return TINY_MODEL_DIR
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model directory {path} has no config.json")
+        return path
+    looks_like_hub_id = str(model).count("/") == 1 and not str(model).startswith((".", "/", "~"))
+    if not looks_like_hub_id:
+        raise ValueError(f"unknown model {str(model)!r}: not 'tiny', not a directory, not a hub id")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(
+            str(model), allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt"]))
+    except Exception as error:  # any hub failure (offline, unknown repo) is the same user problem
+        raise ValueError(
+            f"model {str(model)!r} is not a local directory and could not be fetched from the "
+            f"Hugging Face hub ({type(error).__name__}: {error}); pass a local checkpoint path") from error
+
+
+def detect_family(config: dict, directory: Path) -> ModuleType:
+    for family in FAMILIES:
+        if family.is_family(config):
+            return family
+    raise ValueError(
+        f"{directory}/config.json is neither LLaDA nor Dream (model_type={config.get('model_type')!r})")
+
+
+def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
+    except (ValueError, OSError, KeyError):
+        # Dream names a remote-code tokenizer class; its tokenizer.json is a plain fast tokenizer.
+        return PreTrainedTokenizerFast.from_pretrained(str(directory))
+
+
+def special_tokens(config: dict, generation_config: dict, tokenizer: PreTrainedTokenizerBase,
+                   family: ModuleType) -> SpecialTokens:
+    def token_id(token: str) -> int | None:
+        found = tokenizer.convert_tokens_to_ids(token)
+        return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
+
+    mask_id = config.get("mask_token_id", token_id(family.MASK_TOKEN))
+    eos_id = config.get("eos_token_id", tokenizer.eos_token_id)
+    if isinstance(eos_id, list):
+        eos_id = eos_id[0]
+    pad_id = config.get("pad_token_id", tokenizer.pad_token_id)
+    if mask_id is None or eos_id is None:
+        raise ValueError("checkpoint config names no mask_token_id / eos_token_id")
+    stops = {eos_id}
+    generation_eos = generation_config.get("eos_token_id", [])
+    stops.update(generation_eos if isinstance(generation_eos, list) else [generation_eos])
+    end_of_turn = token_id(family.END_OF_TURN_TOKEN)
+    if end_of_turn is not None:
+        stops.add(end_of_turn)
+    return SpecialTokens(mask_id=mask_id, eos_id=eos_id, pad_id=eos_id if pad_id is None else pad_id,
+                         stop_ids=tuple(sorted(stops)))
+
+
+def load_model(model: str | Path, device: str | torch.device = "cpu",
+               dtype: str | torch.dtype = "float32") -> DiffusionLM:
+    directory = resolve_model_dir(model)
+    config = read_json(directory / "config.json")
+    family = detect_family(config, directory)
+    transformer_config = family.transformer_config(config)
+    with torch.device("meta"):
+        transformer = BidirectionalTransformer(transformer_config)
+    load_weights(transformer, directory, family.rename_weight, torch.device(device), resolve_dtype(dtype))
+    transformer.eval().requires_grad_(False)
+    tokenizer = load_tokenizer(directory)
+    tokens = special_tokens(config, read_json(directory / "generation_config.json"), tokenizer, family)
+    return DiffusionLM(
+        name=str(model), family=family.FAMILY, model=transformer, tokenizer=tokenizer, tokens=tokens,
+        logit_shift=family.LOGIT_SHIFT, max_length=transformer_config.max_position_embeddings)

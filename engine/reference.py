@@ -1,0 +1,108 @@
+"""The single-request decoding loop, written for clarity: the oracle every batched path is tested against.
+
+Semi-autoregressive block decoding (LLaDA / Fast-dLLM):
+
+    canvas = prompt + [MASK] * (num_blocks * block_length)
+    for each block, left to right:
+        step 0:  full forward over the whole canvas (refreshes the cache in "prefix"/"dual" mode)
+        step k:  "none"   -> full forward again
+                 "prefix" -> forward of [block start, canvas end), cached prefix before it
+                 "dual"   -> forward of the block only, cached keys/values before and after it
+        commit tokens of the current block by the decoding rule, until it holds no mask
+        stop after this block if it committed EOS / end-of-turn (unless stop_at_eos is False)
+
+For a family with a logit shift (Dream) the window starts one column before the block, because the
+block's first token is predicted from the hidden state just before it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.decoding import DecodeRule, gumbel_noise, propose_tokens, select_commits
+from engine.models.loader import DiffusionLM
+
+
+@dataclass(frozen=True)
+class ReferenceResult:
+    token_ids: list[int]  # generated tokens, trimmed at the first stop token
+    finish_reason: str  # "eos" | "length"
+    num_blocks: int
+    num_steps: int
+
+
+def num_canvas_blocks(max_new_tokens: int, block_length: int) -> int:
+    return -(-max_new_tokens // block_length)
+
+
+def trim_at_stop(token_ids: list[int], stop_ids: tuple[int, ...]) -> tuple[list[int], bool]:
+    for index, token in enumerate(token_ids):
+        if token in stop_ids:
+            return token_ids[:index], True
+    return token_ids, False
+
+
+@torch.no_grad()
+def reference_generate(
+    lm: DiffusionLM, prompt_ids: list[int], *, max_new_tokens: int = 256, block_length: int = 32,
+    rule: DecodeRule = DecodeRule("threshold"), cache: str = "dual", temperature: float = 0.0,
+    seed: int = 0, stop_at_eos: bool = True,
+) -> ReferenceResult:
+    if not prompt_ids:
+        raise ValueError("prompt is empty")
+    if max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    num_blocks = num_canvas_blocks(max_new_tokens, block_length)
+    prompt_length = len(prompt_ids)
+    width = prompt_length + num_blocks * block_length
+    if width > lm.max_length:
+        raise ValueError(f"prompt ({prompt_length}) + canvas exceeds the model's maximum {lm.max_length}")
+    device, mask_id, shift = lm.device, lm.tokens.mask_id, lm.logit_shift
+    canvas = torch.full((1, width), mask_id, dtype=torch.long, device=device)
+    canvas[0, :prompt_length] = torch.tensor(prompt_ids, device=device)
+    positions = torch.arange(width, device=device)[None]
+    key_mask = torch.ones(1, width, dtype=torch.bool, device=device)
+    temperatures = torch.tensor([temperature], device=device)
+    seeds = torch.tensor([seed], dtype=torch.long, device=device)
+
+    total_steps, blocks_run, stopped = 0, 0, False
+    for block in range(num_blocks):
+        start, end = prompt_length + block * block_length, prompt_length + (block + 1) * block_length
+        step, cache_state = 0, None
+        while (canvas[0, start:end] == mask_id).any():
+            if step == 0 or cache == "none":
+                hidden, cache_state = lm.model.forward_full(
+                    canvas, positions, key_mask, build_cache=cache != "none")
+                block_hidden = hidden[:, start - shift:end - shift]
+            else:
+                window_end = end if cache == "dual" else width
+                columns = torch.arange(start - shift, window_end, device=device)[None]
+                hidden = lm.model.forward_window(canvas[:, columns[0]], positions[:, columns[0]],
+                                                 columns, cache_state)
+                block_hidden = hidden[:, :block_length]
+            logits = lm.model.logits(block_hidden)
+            noise = None
+            if temperature > 0:
+                canvas_positions = torch.arange(block * block_length, (block + 1) * block_length,
+                                                device=device)[None]
+                global_step = torch.tensor([block * block_length + step], device=device)
+                noise = gumbel_noise(seeds, global_step, canvas_positions, logits.shape[-1])
+            candidates, confidence = propose_tokens(logits, temperatures, noise)
+            masked = canvas[:, start:end] == mask_id
+            commit = select_commits(rule, confidence, masked, torch.tensor([step], device=device),
+                                    masked.sum(-1) if step == 0 else masks_at_block_start)
+            if step == 0:
+                masks_at_block_start = masked.sum(-1)
+            canvas[:, start:end] = torch.where(commit, candidates, canvas[:, start:end])
+            step += 1
+        total_steps += step
+        blocks_run += 1
+        if any(int(t) in lm.tokens.stop_ids for t in canvas[0, start:end]):
+            stopped = True
+            if stop_at_eos:
+                break
+    generated = canvas[0, prompt_length:prompt_length + blocks_run * block_length].tolist()
+    token_ids, _ = trim_at_stop(generated, lm.tokens.stop_ids)
+    return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped else "length",
+                           num_blocks=blocks_run, num_steps=total_steps)

@@ -1,0 +1,1 @@
+"""The shipped tiny model: its tasks, its character tokenizer and its training recipe."""
