@@ -92,11 +92,11 @@ def detect_family(config: dict, directory: Path) -> ModuleType:
 
 
 def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
-    try:
-        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
-    except (ValueError, OSError, KeyError):
-        # Dream names a remote-code tokenizer class; its tokenizer.json is a plain fast tokenizer.
+    """A ``tokenizer.json`` loads as a plain fast tokenizer (LLaDA's class; Dream names a remote-code
+    class whose vocabulary is that same file); otherwise whatever AutoTokenizer finds, no remote code."""
+    if (directory / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(str(directory))
+    return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
 
 
 def special_tokens(config: dict, generation_config: dict, tokenizer: PreTrainedTokenizerBase,

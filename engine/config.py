@@ -1,0 +1,101 @@
+"""Engine-wide and per-request settings: frozen dataclasses, validated on construction."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+SCHEDULES = ("block", "static", "shrink")
+CACHE_MODES = ("dual", "prefix", "none")
+DECODING_RULES = ("threshold", "quota", "factor")
+
+
+def _fail(field: str, message: str) -> None:
+    raise ValueError(f"EngineConfig.{field}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_length: int = 32
+    schedule: str = "block"  # "block" (BlockServe) | "static" (Fast-dLLM) | "shrink" (Fast-dLLM v2 / dInfer)
+    max_batch_size: int = 16
+    token_budget: int | None = None  # bounding-box tokens (rows x widest row); None: derived, see below
+    sort_pending: bool = True  # pending queue ordered by prompt length (else arrival order)
+    cache: str = "dual"  # "dual" | "prefix" | "none"
+    decoding: str = "threshold"  # "threshold" | "quota" | "factor"
+    threshold: float = 0.9
+    factor: float = 1.0
+    steps_per_block: int | None = None  # cap on steps per block; the fixed step count in quota mode
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_length, int) or self.block_length < 1:
+            _fail("block_length", f"must be a positive int, got {self.block_length!r}")
+        if self.schedule not in SCHEDULES:
+            _fail("schedule", f"must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
+            _fail("max_batch_size", f"must be a positive int, got {self.max_batch_size!r}")
+        if self.token_budget is not None and (not isinstance(self.token_budget, int) or self.token_budget < 1):
+            _fail("token_budget", f"must be a positive int or None, got {self.token_budget!r}")
+        if self.cache not in CACHE_MODES:
+            _fail("cache", f"must be one of {CACHE_MODES}, got {self.cache!r}")
+        if self.decoding not in DECODING_RULES:
+            _fail("decoding", f"must be one of {DECODING_RULES}, got {self.decoding!r}")
+        if not 0.0 < self.threshold <= 1.0:
+            _fail("threshold", f"must be in (0, 1], got {self.threshold!r}")
+        if not self.factor > 0:
+            _fail("factor", f"must be positive, got {self.factor!r}")
+        if self.steps_per_block is not None:
+            if not isinstance(self.steps_per_block, int) or self.steps_per_block < 1:
+                _fail("steps_per_block", f"must be a positive int or None, got {self.steps_per_block!r}")
+            if self.steps_per_block > self.block_length:
+                _fail("steps_per_block", f"{self.steps_per_block} exceeds block_length "
+                      f"{self.block_length}: some steps would commit nothing")
+        if self.decoding == "quota" and self.steps_per_block is None:
+            _fail("steps_per_block", "quota decoding needs a fixed number of steps per block")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"EngineConfig: unknown field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def resolved_token_budget(self, widest_admissible_row: int) -> int:
+        """The budget in force: the configured one, or ``max_batch_size`` widest admissible rows."""
+        return self.token_budget or self.max_batch_size * widest_admissible_row
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request settings. Problems are reported per request (see :meth:`validation_error`), so one
+    bad request in a batch fails alone instead of raising for everyone."""
+
+    max_new_tokens: int = 256  # rounded up to whole blocks
+    temperature: float = 0.0
+    seed: int | None = None
+    stop_at_eos: bool = True  # False: run to the block cap (benchmarks with length caps)
+
+    def validation_error(self) -> str | None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            return f"max_new_tokens must be an int, got {type(self.max_new_tokens).__name__}"
+        if self.max_new_tokens <= 0:
+            return f"max_new_tokens must be positive, got {self.max_new_tokens}"
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            return f"temperature must be a number, got {type(self.temperature).__name__}"
+        if not 0.0 <= self.temperature <= 100.0:
+            return f"temperature must be in [0, 100], got {self.temperature}"
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            return f"seed must be an int or None, got {type(self.seed).__name__}"
+        return None
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"SamplingParams: unknown field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**values)

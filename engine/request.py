@@ -1,0 +1,107 @@
+"""A request's state while it waits and runs, and the output it leaves behind."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED_EOS = 2
+    FINISHED_LENGTH = 3
+    FINISHED_ABORT = 4
+    FINISHED_ERROR = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_EOS
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {RequestStatus.FINISHED_EOS: "eos", RequestStatus.FINISHED_LENGTH: "length",
+                RequestStatus.FINISHED_ABORT: "abort", RequestStatus.FINISHED_ERROR: "error"}.get(self)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated, trimmed at the first EOS / end-of-turn
+    text: str
+    finish_reason: str  # "eos" | "length" | "abort" | "error"
+    error: str | None
+    num_blocks: int  # blocks decoded for this request
+    num_steps: int  # denoising steps this request took part in with masks left
+    arrival_time: float
+    first_scheduled_time: float | None
+    finish_time: float
+
+    @property
+    def queue_s(self) -> float:
+        return (self.first_scheduled_time or self.finish_time) - self.arrival_time
+
+    @property
+    def latency_s(self) -> float:
+        return self.finish_time - self.arrival_time
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"queue_s": self.queue_s, "latency_s": self.latency_s}
+
+
+@dataclass(eq=False)
+class Request:
+    """One request. Its row is ``prompt + canvas``; only ``block_index``'s block is being decoded.
+
+        row:  [ prompt (prompt_length) | block 0 | block 1 | ... | block canvas_blocks-1 ]
+                                         ^ block_start = prompt_length + block_index * block_length
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    block_length: int
+    arrival_time: float
+    seed: int = 0
+    error: str | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    cap_blocks: int = 0  # the request's own block cap: ceil(max_new_tokens / block_length)
+    canvas_blocks: int = 0  # blocks on its canvas (= cap, or the batch's largest for static/shrink)
+    block_index: int = 0
+    num_steps: int = 0
+    stop_block: int | None = None  # first block in which a stop token was committed
+    row_tokens: torch.Tensor | None = None  # [width] on the model's device, set at admission
+    first_scheduled_time: float | None = None
+    finish_time: float | None = None
+    abort_requested: bool = False
+    sequence_number: int = field(default=0)  # arrival order
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def width(self) -> int:
+        """Row width in the bounding box: prompt plus canvas."""
+        return self.prompt_length + self.canvas_blocks * self.block_length
+
+    @property
+    def own_width(self) -> int:
+        return self.prompt_length + self.cap_blocks * self.block_length
+
+    @property
+    def block_start(self) -> int:
+        return self.prompt_length + self.block_index * self.block_length
+
+    @property
+    def blocks_done(self) -> int:
+        return self.block_index
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
