@@ -1,0 +1,40 @@
+# Two commands a new user needs: `make demo` (the main job on the shipped tiny model) and `make test`.
+# Both create .venv and install the project on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# A CPU build of torch is enough for the demo and the tests; on a GPU machine pass e.g.
+# TORCH_SPEC="torch==2.13.0" with the CUDA index of your choice.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+export RAY_AUTH_MODE ?= disabled
+export RAY_USAGE_STATS_ENABLED ?= 0
+
+.PHONY: demo test install serve bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
+	$(VENV)/bin/pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m pipeline.run --config configs/tiny-cpu.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+serve: $(STAMP)
+	$(VENV)/bin/serve run configs/serve-tiny.yaml
+
+bench-quick: $(STAMP)
+	$(PY) -m benchmarks.run --suite paper --device cpu --quick --out benchmarks/results/quick
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run --suite paper --device cpu --out benchmarks/results/paper
+
+clean:
+	rm -rf $(VENV) .pytest_cache

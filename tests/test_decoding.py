@@ -1,0 +1,90 @@
+"""The decoding rules on hand-made confidences: what each step commits."""
+import torch
+
+from engine.decoding import DecodeRule, gumbel_noise, propose_tokens, quota_for_step, select_commits
+
+
+def commits(rule, confidence, masked=None, step=0, masks_at_start=None):
+    confidence = torch.tensor([confidence], dtype=torch.float64)
+    masked = torch.ones_like(confidence, dtype=torch.bool) if masked is None else torch.tensor([masked])
+    start = masked.sum(-1) if masks_at_start is None else torch.tensor([masks_at_start])
+    return select_commits(rule, confidence, masked, torch.tensor([step]), start)[0].tolist()
+
+
+def test_threshold_commits_every_position_at_or_above_tau():
+    rule = DecodeRule("threshold", threshold=0.9)
+    assert commits(rule, [0.95, 0.2, 0.9, 0.5]) == [True, False, True, False]
+
+
+def test_threshold_commits_at_least_the_most_confident_position():
+    rule = DecodeRule("threshold", threshold=0.9)
+    assert commits(rule, [0.3, 0.6, 0.1, 0.5]) == [False, True, False, False]
+
+
+def test_threshold_ignores_positions_already_committed():
+    rule = DecodeRule("threshold", threshold=0.9)
+    assert commits(rule, [0.99, 0.4, 0.3], masked=[False, True, True]) == [False, True, False]
+
+
+def test_row_without_masks_commits_nothing():
+    for kind in ("threshold", "factor"):
+        assert commits(DecodeRule(kind), [0.99, 0.99], masked=[False, False]) == [False, False]
+
+
+def test_quota_splits_masks_evenly_with_the_remainder_first():
+    quotas = [int(quota_for_step(torch.tensor(10), torch.tensor(step), 4)) for step in range(4)]
+    assert quotas == [3, 3, 2, 2]
+    assert sum(quotas) == 10
+
+
+def test_quota_commits_the_most_confident_positions():
+    rule = DecodeRule("quota", steps_per_block=2)
+    assert commits(rule, [0.1, 0.8, 0.5, 0.7], step=0, masks_at_start=4) == [False, True, False, True]
+
+
+def test_quota_breaks_confidence_ties_to_the_left():
+    rule = DecodeRule("quota", steps_per_block=4)
+    assert commits(rule, [0.5, 0.5, 0.5, 0.5], step=0, masks_at_start=4) == [True, False, False, False]
+
+
+def test_factor_rule_takes_the_largest_prefix_with_n_plus_1_times_error_below_f():
+    # sorted: 0.9 (n=1: 2*0.1=0.2<1), 0.7 (n=2: 3*0.3=0.9<1), 0.6 (n=3: 4*0.4=1.6), 0.1
+    rule = DecodeRule("factor", factor=1.0)
+    assert commits(rule, [0.6, 0.9, 0.1, 0.7]) == [False, True, False, True]
+
+
+def test_factor_rule_always_commits_one():
+    rule = DecodeRule("factor", factor=1.0)
+    assert commits(rule, [0.2, 0.1, 0.3]) == [False, False, True]
+
+
+def test_step_cap_commits_everything_left_at_the_last_allowed_step():
+    rule = DecodeRule("threshold", threshold=0.99, steps_per_block=3)
+    assert commits(rule, [0.1, 0.2, 0.3], step=1) == [False, False, True]
+    assert commits(rule, [0.1, 0.2, 0.3], step=2) == [True, True, True]
+
+
+def test_greedy_proposal_is_argmax_with_softmax_confidence():
+    logits = torch.tensor([[[0.0, 2.0, 1.0]]])
+    candidates, confidence = propose_tokens(logits, torch.tensor([0.0]), None)
+    assert candidates.tolist() == [[1]]
+    expected = torch.softmax(logits[0, 0], -1)[1]
+    assert torch.allclose(confidence[0, 0], expected)
+
+
+def test_gumbel_noise_depends_only_on_seed_step_and_position():
+    positions = torch.tensor([[0, 1, 2], [0, 1, 2]])
+    noise = gumbel_noise(torch.tensor([7, 7]), torch.tensor([3, 3]), positions, 5)
+    assert torch.equal(noise[0], noise[1])
+    other_seed = gumbel_noise(torch.tensor([8]), torch.tensor([3]), positions[:1], 5)
+    assert not torch.equal(noise[0], other_seed[0])
+    alone = gumbel_noise(torch.tensor([7]), torch.tensor([3]), positions[:1, 1:2], 5)
+    assert torch.equal(alone[0, 0], noise[0, 1])
+
+
+def test_sampling_with_temperature_follows_the_noise():
+    logits = torch.zeros(1, 4, 6, dtype=torch.float64)
+    positions = torch.arange(4)[None]
+    noise = gumbel_noise(torch.tensor([1]), torch.tensor([0]), positions, 6)
+    candidates, _ = propose_tokens(logits, torch.tensor([1.0], dtype=torch.float64), noise)
+    assert torch.equal(candidates, noise.argmax(-1))
