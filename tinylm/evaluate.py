@@ -1,0 +1,84 @@
+"""Score the tiny model on its held-out split with the reference decoder (the issue's bar).
+
+    python -m tinylm.evaluate [--model tiny] [--limit N] [--json out.json]
+
+Settings: threshold 0.9, block length 32, temperature 0, dual cache, max_new_tokens 256.
+Reports exact match per task, the share of answers whose EOS lands in the right block (decoded and
+expected lengths span the same number of blocks), and the decoded-length histogram in blocks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from engine.models import load_model
+from engine.reference import reference_generate
+from tinylm.tasks import read_jsonl
+
+BLOCK = 32
+HELDOUT = Path(__file__).resolve().parents[1] / "assets" / "data" / "heldout.jsonl"
+
+
+def blocks_spanned(num_chars: int) -> int:
+    """Blocks a decode of this many characters occupies (its EOS sits in the last one)."""
+    return num_chars // BLOCK + 1
+
+
+def evaluate(model: str = "tiny", limit: int | None = None, rows: list[dict] | None = None) -> dict:
+    lm = load_model(model, dtype="float32")
+    rows = rows if rows is not None else read_jsonl(HELDOUT)
+    rows = rows[:limit] if limit else rows
+    per_task: dict[str, Counter] = defaultdict(Counter)
+    histogram: Counter = Counter()
+    samples, steps, blocks, started = [], 0, 0, time.time()
+    for row in rows:
+        ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}],
+                                               add_generation_prompt=True, tokenize=True, return_dict=False)
+        began = time.perf_counter()
+        result = reference_generate(lm, ids, max_new_tokens=256)
+        seconds = time.perf_counter() - began
+        text = lm.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        counts = per_task[row["task"]]
+        counts["total"] += 1
+        counts["exact"] += text == row["answer"]
+        counts["right_block"] += (result.finish_reason == "eos"
+                                  and result.num_blocks == blocks_spanned(len(row["answer"])))
+        histogram[result.num_blocks if result.finish_reason == "eos" else "no EOS"] += 1
+        steps += result.num_steps
+        blocks += result.num_blocks
+        if len(samples) < 8:
+            samples.append({"prompt": row["prompt"], "output": text, "expected": row["answer"],
+                            "seconds": round(seconds, 3), "blocks": result.num_blocks})
+    total = sum(c["total"] for c in per_task.values())
+    return {
+        "model": model, "prompts": total, "seconds": round(time.time() - started, 1),
+        "exact_match": sum(c["exact"] for c in per_task.values()) / total,
+        "right_block": sum(c["right_block"] for c in per_task.values()) / total,
+        "per_task": {task: {"exact_match": c["exact"] / c["total"], "right_block": c["right_block"] / c["total"],
+                            "prompts": c["total"]} for task, c in sorted(per_task.items())},
+        "decoded_blocks_histogram": {str(k): v for k, v in sorted(histogram.items(), key=str)},
+        "expected_blocks_histogram": dict(sorted(Counter(
+            str(blocks_spanned(len(r["answer"]))) for r in rows).items())),
+        "steps_per_block": steps / max(1, blocks),
+        "samples": samples,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    report = evaluate(args.model, args.limit)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
