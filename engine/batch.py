@@ -85,6 +85,14 @@ class BlockBatch:
         columns = starts[:, None] + torch.arange(window, device=self.tokens.device)
         return columns.masked_fill(columns >= self.width, self.width)
 
+    def select_rows(self, rows: torch.Tensor) -> BlockBatch:
+        """A new batch holding only ``rows`` (their tokens copied): rows whose block is done leave."""
+        return BlockBatch(
+            tokens=self.tokens[rows], positions=self.positions[rows], key_mask=self.key_mask[rows],
+            block_columns=self.block_columns[rows], block_indices=self.block_indices[rows],
+            temperatures=self.temperatures[rows], seeds=self.seeds[rows],
+            num_real_tokens=int(self.key_mask[rows].sum()))
+
     def gather_window(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens and positions at ``columns`` (scratch columns read as column 0; they are discarded)."""
         safe = columns.masked_fill(columns >= self.width, 0)

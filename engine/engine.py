@@ -5,6 +5,7 @@ import itertools
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,6 +21,16 @@ from engine.scheduler import Scheduler
 from engine.stats import EngineStats, StatsCollector
 
 
+@dataclass(frozen=True)
+class BlockCycle:
+    """What the last ``step()``'s block cycle did (data only): for streaming and monitoring."""
+
+    new_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> tokens its
+    # block added to its output (trimmed at a stop token; empty past one or past its own cap)
+    num_rows: int = 0
+    bounding_box_tokens: int = 0
+
+
 class BlockServeEngine:
     def __init__(self, lm: DiffusionLM, config: EngineConfig | None = None):
         self.lm = lm
@@ -32,6 +43,7 @@ class BlockServeEngine:
         self._early_outputs: list[RequestOutput] = []  # rejected or aborted while pending
         self._sequence = itertools.count()
         self._seed_source = random.Random(0)
+        self.last_cycle = BlockCycle()
 
     @classmethod
     def from_pretrained(cls, model: str | Path, config: EngineConfig | None = None,
@@ -114,6 +126,7 @@ class BlockServeEngine:
         """Run ONE block cycle; return the requests that finished at its end (and any rejected)."""
         started = time.perf_counter()
         finished, self._early_outputs = self._early_outputs, []
+        self.last_cycle = BlockCycle()
         plan = self.scheduler.schedule(time.time())
         for request in plan.admitted:
             self._allocate_row(request)
@@ -129,8 +142,7 @@ class BlockServeEngine:
 
     def _run_cycle(self, rows: list[Request]) -> list[RequestOutput]:
         batch = build_block_batch(rows, self.lm.tokens.pad_id, self.lm.device)
-        unfinished = torch.tensor([r.stop_block is None or not r.params.stop_at_eos for r in rows],
-                                  device=self.lm.device)
+        unfinished = torch.tensor([r.is_decoding_own_output for r in rows], device=self.lm.device)
         result = self.runner.run_block_cycle(batch)
         self.stats_collector.record_cycle(
             has_masks=result.has_masks, unfinished=unfinished, box_tokens=batch.bounding_box_tokens,
@@ -140,7 +152,17 @@ class BlockServeEngine:
         for request, block, steps in zip(rows, result.block_tokens, result.steps_per_row):
             request.row_tokens[request.block_start:request.block_start + self.config.block_length] = block
             request.num_steps += steps
+        self.last_cycle = BlockCycle(
+            new_token_ids={request.request_id: self._output_part(request, block)
+                           for request, block in zip(rows, result.block_tokens.tolist())},
+            num_rows=batch.num_rows, bounding_box_tokens=batch.bounding_box_tokens)
         return [self._finish(request) for request in self.scheduler.finish_boundary(stop_found)]
+
+    def _output_part(self, request: Request, block: list[int]) -> list[int]:
+        """The part of the block just decoded that belongs to the request's output (see ``_finish``)."""
+        if request.stop_block is not None or request.block_index >= request.cap_blocks:
+            return []
+        return trim_at_stop(block, self.lm.tokens.stop_ids)[0]
 
     def _finish(self, request: Request) -> RequestOutput:
         request.finish_time = time.time()

@@ -99,9 +99,11 @@ class Request:
         return self.prompt_length + self.block_index * self.block_length
 
     @property
-    def blocks_done(self) -> int:
-        return self.block_index
-
-    @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def is_decoding_own_output(self) -> bool:
+        """False for a row kept in a static batch past its EOS or its own block cap (wasted work)."""
+        stopped = self.stop_block is not None and self.params.stop_at_eos
+        return not stopped and self.block_index < self.cap_blocks

@@ -62,29 +62,40 @@ class ModelRunner:
 
     @torch.no_grad()
     def run_block_cycle(self, batch: BlockBatch) -> CycleResult:
-        """Denoise every row's active block until none has a mask left."""
+        """Denoise every row's active block until none has a mask left.
+
+        A row whose block is done leaves the working batch (and its cache rows) for the rest of the
+        cycle, so no step computes a row that has nothing left to commit.
+        """
         self._model_time = 0.0
         mask_id = self.lm.tokens.mask_id
-        masks_at_start = (batch.block_tokens() == mask_id).sum(-1)
-        has_masks_history: list[torch.Tensor] = []
+        blocks = batch.block_tokens()  # [rows, block_length]: every row's block, as it ends up
+        masks_at_start = (blocks == mask_id).sum(-1)
+        live = torch.arange(batch.num_rows, device=blocks.device)  # batch rows still in ``work``
+        work, has_masks_history = batch, []
         sampled = bool((batch.temperatures > 0).any())
         step, cache = 0, None
         while True:
-            block = batch.block_tokens()
+            block = work.block_tokens()
             masked = block == mask_id
             has_masks = masked.any(-1)
-            if not bool(has_masks.any()):
-                break
-            logits, cache = self._block_logits(batch, step, cache)
+            if not bool(has_masks.all()):
+                blocks[live[~has_masks]] = block[~has_masks]
+                if not bool(has_masks.any()):
+                    break
+                keep = has_masks.nonzero().squeeze(-1)
+                work, live, block, masked = work.select_rows(keep), live[keep], block[keep], masked[keep]
+                cache = cache.select_rows(keep) if cache is not None else None
+            logits, cache = self._block_logits(work, step, cache)
             noise = None
             if sampled:
-                noise = gumbel_noise(batch.seeds, batch.global_steps(step), batch.canvas_positions(),
+                noise = gumbel_noise(work.seeds, work.global_steps(step), work.canvas_positions(),
                                      logits.shape[-1])
-            candidates, confidence = propose_tokens(logits, batch.temperatures, noise)
-            step_tensor = torch.full_like(masks_at_start, step)
-            commit = select_commits(self.rule, confidence, masked, step_tensor, masks_at_start)
-            batch.write_block(torch.where(commit, candidates, block))
-            has_masks_history.append(has_masks)
+            candidates, confidence = propose_tokens(logits, work.temperatures, noise)
+            step_tensor = torch.full_like(live, step)
+            commit = select_commits(self.rule, confidence, masked, step_tensor, masks_at_start[live])
+            work.write_block(torch.where(commit, candidates, block))
+            has_masks_history.append(torch.zeros_like(masks_at_start, dtype=torch.bool).index_fill_(0, live, True))
             step += 1
-        return CycleResult(block_tokens=batch.block_tokens(), has_masks=torch.stack(has_masks_history),
+        return CycleResult(block_tokens=blocks, has_masks=torch.stack(has_masks_history),
                            model_time_s=self._model_time)

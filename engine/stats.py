@@ -16,10 +16,10 @@ class EngineStats:
     block_cycles: int = 0
     denoise_steps: int = 0
     effective_compute_ratio: float = 0.0  # mean over steps of unfinished requests / max_batch_size
-    useful_row_fraction: float = 0.0  # mean over steps of rows still decoding / rows computed
+    useful_row_fraction: float = 0.0  # mean over steps of unfinished requests' rows / rows computed
     padding_fraction: float = 0.0  # pad positions / bounding-box positions of the cycles run
     peak_bounding_box_tokens: int = 0
-    mean_rows: float = 0.0  # rows computed per step, averaged over steps
+    mean_rows: float = 0.0  # rows computed per step (rows whose block is done are not), averaged
 
     @property
     def tokens_per_s(self) -> float:
@@ -47,7 +47,8 @@ class StatsCollector:
 
     def record_cycle(self, *, has_masks: torch.Tensor, unfinished: torch.Tensor, box_tokens: int,
                      real_tokens: int, model_time_s: float) -> None:
-        """has_masks: [steps, rows] bool; unfinished: [rows] bool (request not yet finished)."""
+        """has_masks: [steps, rows] bool, the rows computed at each step (those with masks left);
+        unfinished: [rows] bool (request not yet finished)."""
         steps, rows = has_masks.shape
         totals = self.totals
         totals.block_cycles += 1
@@ -55,8 +56,9 @@ class StatsCollector:
         totals.model_time_s += model_time_s
         totals.peak_bounding_box_tokens = max(totals.peak_bounding_box_tokens, box_tokens)
         self._unfinished_rows_sum += int(unfinished.sum()) * steps
-        self._useful_rows_sum += float((has_masks & unfinished[None]).sum()) / rows
-        self._rows_sum += rows * steps
+        computed = has_masks.sum(-1).clamp(min=1)
+        self._useful_rows_sum += float(((has_masks & unfinished[None]).sum(-1) / computed).sum())
+        self._rows_sum += int(has_masks.sum())
         self._box_tokens += box_tokens
         self._pad_tokens += box_tokens - real_tokens
 

@@ -56,6 +56,10 @@ class KVCache:
     def scratch_column(self) -> int:
         return self.key_mask.shape[1] - 1
 
+    def select_rows(self, rows: torch.Tensor) -> KVCache:
+        """The cache of ``rows`` only (copied), for a batch whose other rows have left."""
+        return KVCache([k[rows] for k in self.keys], [v[rows] for v in self.values], self.key_mask[rows])
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):

@@ -1,0 +1,77 @@
+"""The one place that knows Ray Data batch formats: read a column as Python values, add typed columns.
+
+A batch arrives as a ``pyarrow.Table`` (``batch_format="pyarrow"``, what the pipeline uses: input
+columns such as chat messages pass through untouched), a ``pandas.DataFrame``, or Ray's default
+``dict[str, numpy.ndarray]``. Whatever came in goes back out in the same shape, with the new columns
+added as typed Arrow arrays so an all-null ``error`` column is still a string column in Parquet.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+Batch = Any  # pa.Table | pandas.DataFrame | dict[str, np.ndarray]
+
+
+def to_python(value: Any) -> Any:
+    """numpy arrays and scalars (nested, as Ray makes of list<struct> columns) -> plain Python."""
+    if isinstance(value, np.ndarray):
+        return [to_python(item) for item in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {key: to_python(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [to_python(item) for item in value]
+    return value
+
+
+def is_missing(value: Any) -> bool:
+    """None, or the NaN that pandas and numpy put where a value is missing."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def num_rows(batch: Batch) -> int:
+    if isinstance(batch, pa.Table):
+        return batch.num_rows
+    if isinstance(batch, Mapping):
+        return len(next(iter(batch.values()))) if batch else 0
+    return len(batch)  # pandas
+
+
+def column_names(batch: Batch) -> list[str]:
+    if isinstance(batch, pa.Table):
+        return batch.column_names
+    return list(batch.keys()) if isinstance(batch, Mapping) else list(batch.columns)
+
+
+def column_values(batch: Batch, name: str) -> list[Any] | None:
+    """The column as a list of plain Python values, or None when the batch has no such column."""
+    if name not in column_names(batch):
+        return None
+    if isinstance(batch, pa.Table):
+        return batch.column(name).to_pylist()
+    if isinstance(batch, Mapping):
+        return [to_python(value) for value in batch[name]]
+    return [to_python(value) for value in batch[name].tolist()]
+
+
+def with_columns(batch: Batch, columns: dict[str, pa.Array]) -> Batch:
+    """``batch`` plus ``columns`` (replacing same-named ones), in the batch's own format."""
+    if isinstance(batch, pa.Table):
+        for name, array in columns.items():
+            if name in batch.column_names:
+                batch = batch.set_column(batch.column_names.index(name), name, array)
+            else:
+                batch = batch.append_column(name, array)
+        return batch
+    if isinstance(batch, Mapping):
+        return {**batch, **columns}
+    batch = batch.copy()
+    for name, array in columns.items():
+        batch[name] = array.to_pandas()
+    return batch

@@ -1,0 +1,213 @@
+"""The OpenAI-compatible wire format: request bodies (validated strictly), responses, stream chunks, errors.
+
+Only what BlockServe can honour is accepted: one choice (``n`` = 1), greedy or sampled decoding with a
+seed, ``stop`` strings (applied to the decoded text), and ``ignore_eos`` (a vLLM extension, for
+benchmarks that want exact lengths). Types are strict, so ``"max_tokens": "8"`` is a 400, not an 8.
+Every response carries a non-standard ``blockserve`` object with the request's timing on the replica.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_STOP_STRINGS = 4  # OpenAI's own limit
+
+
+class OpenAIError(Exception):
+    """A client-facing error: rendered as ``{"error": {...}}`` with its HTTP status."""
+
+    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message, self.status, self.type, self.param, self.code = message, status, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+# -- requests --------------------------------------------------------------------------------------
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str | None = None  # None: the served model
+    max_tokens: int | None = Field(None, ge=1)  # None: the server's default
+    temperature: float = Field(0.0, ge=0.0, le=2.0)  # greedy by default: a diffusion LM's usual mode
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    user: str | None = None
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [stop for stop in stops if stop]
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int] | list[str]
+
+    def prompt_input(self) -> str | list[int]:
+        """The one prompt: a list of strings is OpenAI's batch form, and only one is served per call."""
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            if len(self.prompt) != 1:
+                raise OpenAIError(f"one prompt per request is supported, got {len(self.prompt)}",
+                                  param="prompt", code="invalid_value")
+            return self.prompt[0]
+        return self.prompt
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
+
+    def prompt_input(self) -> list[dict[str, str]]:
+        return [{"role": message.role, "content": message.content} for message in self.messages]
+
+
+# -- responses -------------------------------------------------------------------------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class BlockServeInfo(BaseModel):
+    """Per-request facts from the replica (seconds since the epoch on the replica's clock)."""
+
+    request_id: str
+    arrival_time: float  # accepted by the HTTP handler
+    first_scheduled_time: float | None  # admitted into a block cycle (None: never ran)
+    first_block_time: float | None  # its first block was committed
+    finish_time: float
+    num_blocks: int
+    num_steps: int | None  # None when the server cut the request short (a stop string)
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatChoiceMessage(BaseModel):
+    role: str = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatChoiceMessage
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatDelta(BaseModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    blockserve: BlockServeInfo | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    blockserve: BlockServeInfo | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    blockserve: BlockServeInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str = "blockserve"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: str = "list"
+    data: list[ModelCard]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+def validation_error(errors: list[dict[str, Any]]) -> OpenAIError:
+    """Turn pydantic/FastAPI validation errors into one 400 that names the first offending field."""
+    located = [([str(part) for part in error.get("loc", ()) if part != "body"], error) for error in errors]
+    if not located or not located[0][0] or located[0][1].get("type") in ("json_invalid",
+                                                                         "model_attributes_type"):
+        detail = located[0][1].get("msg", "") if located else ""
+        return OpenAIError(f"request body is not a valid JSON object: {detail}", code="invalid_json")
+    location, error = located[0]
+    # a failed union member adds its type to the path (prompt.str, prompt.list[int].0): drop those
+    param = ".".join(part for part in location if not _is_union_tag(part))
+    members = [part for other, _ in located if other[:1] == location[:1] for part in other
+               if _is_union_tag(part)]
+    if members:  # "prompt: Input should be a valid string" would hide the other accepted types
+        return OpenAIError(f"{param}: must be one of {', '.join(dict.fromkeys(members))}",
+                           param=param, code="invalid_type")
+    kind = error.get("type", "")
+    code = ("missing_required_parameter" if kind == "missing"
+            else "invalid_type" if kind.endswith("_type") else "invalid_value")
+    return OpenAIError(f"{param}: {error.get('msg', 'invalid value')}", param=param, code=code)
+
+
+def _is_union_tag(part: str) -> bool:
+    return part in ("str", "int", "float", "bool", "none") or "[" in part or part.startswith("function-")

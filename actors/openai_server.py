@@ -1,0 +1,257 @@
+"""The OpenAI endpoints over one engine loop, independent of FastAPI and Ray: validated bodies in,
+pydantic responses or Server-Sent-Event lines out, :class:`OpenAIError` for anything the client must fix.
+
+Requests are checked and tokenized here, before they reach the engine, so a bad one is a 400 naming its
+field and never occupies the loop. A streamed response sends one chunk per committed block (a diffusion
+model finalizes text block by block), the last one carrying ``finish_reason``, then ``data: [DONE]``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+from transformers import PreTrainedTokenizerBase
+
+from actors.serve_loop import EngineDeadError, EngineLoop, QueueFullError, RequestStream
+from actors.openai_protocol import (
+    MAX_STOP_STRINGS, BlockServeInfo, ChatChoice, ChatChoiceMessage, ChatChunkChoice,
+    ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, CompletionChoice,
+    CompletionRequest, CompletionResponse, ModelCard, ModelList, OpenAIError, Usage, new_id, now_s)
+from actors.serve_metrics import ServeMetrics
+from engine import RequestOutput, SamplingParams
+from engine.prompts import Prompt, encode_prompt
+
+FINISH_REASONS = {"eos": "stop", "length": "length", "abort": "abort"}
+
+
+class TextStream:
+    """The decoded text of a growing token list, released in deltas, cut at the first stop string.
+
+    A tail that could still become a stop string is held back until the next block settles it."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: list[str]):
+        self.tokenizer, self.stops = tokenizer, stops
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.sent = 0  # characters of self.text already released
+        self.stopped = False  # a stop string was found; self.text ends just before it
+
+    def add(self, token_ids: list[int]) -> str:
+        if self.stopped:
+            return ""
+        self.token_ids += token_ids
+        self.text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        hits = [index for index in (self.text.find(stop) for stop in self.stops) if index >= 0]
+        if hits:
+            self.text, self.stopped = self.text[:min(hits)], True
+            return self.flush()
+        held = max((size for stop in self.stops for size in range(1, len(stop))
+                    if self.text.endswith(stop[:size])), default=0)
+        if self.text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for its rest
+            held = max(held, 1)
+        end = max(self.sent, len(self.text) - held)
+        delta, self.sent = self.text[self.sent:end], end
+        return delta
+
+    def flush(self) -> str:
+        delta, self.sent = self.text[self.sent:], len(self.text)
+        return delta
+
+
+@dataclass(frozen=True)
+class Job:
+    """A submitted request and what its response needs."""
+
+    stream: RequestStream
+    text: TextStream
+    prompt_tokens: int
+    chat: bool
+    include_usage: bool
+
+
+class OpenAIServer:
+    def __init__(self, loop: EngineLoop, *, model_name: str, max_tokens_limit: int | None = None,
+                 default_max_tokens: int = 128, retry_after_s: int = 1,
+                 metrics: ServeMetrics | None = None):
+        self.loop, self.model_name, self.metrics = loop, model_name, metrics
+        self.lm, self.block_length = loop.engine.lm, loop.engine.config.block_length
+        # None: the longest whole-block canvas that fits the model next to a one-token prompt
+        self.max_tokens_limit = max_tokens_limit or (
+            (self.lm.max_length - 1) // self.block_length * self.block_length)
+        self.default_max_tokens, self.retry_after_s = default_max_tokens, retry_after_s
+        self.created = now_s()
+
+    def models(self) -> ModelList:
+        return ModelList(data=[ModelCard(id=self.model_name, created=self.created,
+                                         max_model_len=self.lm.max_length)])
+
+    async def completions(self, body: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
+        job = self._submit(body, body.prompt_input(), "prompt", (body.max_tokens, "max_tokens"), chat=False)
+        return self._stream_events(job) if body.stream else await self._collect(job)
+
+    async def chat(self, body: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
+        max_tokens = ((body.max_tokens, "max_tokens") if body.max_tokens is not None
+                      else (body.max_completion_tokens, "max_completion_tokens"))
+        job = self._submit(body, body.prompt_input(), "messages", max_tokens, chat=True)
+        return self._stream_events(job) if body.stream else await self._collect(job)
+
+    # -- admission ---------------------------------------------------------------------------------
+    def _submit(self, body: CompletionRequest | ChatCompletionRequest, prompt: Prompt,
+                prompt_param: str, max_tokens: tuple[int | None, str], chat: bool) -> Job:
+        """Check, tokenize and queue a request; every problem is an OpenAIError naming its field."""
+        if body.model is not None and body.model != self.model_name:
+            raise OpenAIError(f"model {body.model!r} is not served here (this server serves "
+                              f"{self.model_name!r})", param="model", code="model_not_found")
+        if body.n != 1:
+            raise OpenAIError(f"n must be 1 (one choice per request), got {body.n}", param="n",
+                              code="invalid_value")
+        stops = body.stop_strings()
+        if len(stops) > MAX_STOP_STRINGS:
+            raise OpenAIError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}",
+                              param="stop", code="invalid_value")
+        max_tokens, param = max_tokens
+        max_tokens = self.default_max_tokens if max_tokens is None else max_tokens
+        if max_tokens > self.max_tokens_limit:
+            raise OpenAIError(f"{param} must be at most {self.max_tokens_limit}, got {max_tokens}",
+                              param=param, code="invalid_value")
+        try:
+            prompt_ids = encode_prompt(self.lm.tokenizer, prompt, self.lm.vocab_size)
+        except ValueError as error:
+            raise OpenAIError(f"{prompt_param}: {error}", param=prompt_param, code="invalid_value")
+        self._check_width(len(prompt_ids), max_tokens, param, prompt_param)
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=body.temperature, seed=body.seed,
+                                stop_at_eos=not body.ignore_eos)
+        request_id = new_id("chatcmpl" if chat else "cmpl")
+        try:
+            stream = self.loop.submit(request_id, prompt_ids, params)
+        except QueueFullError as error:
+            if self.metrics is not None:
+                self.metrics.rejected.inc()
+            raise OpenAIError(f"server is at capacity: {error}; retry after {self.retry_after_s} s",
+                              status=429, type="rate_limit_error", code="rate_limit_exceeded",
+                              headers={"Retry-After": str(self.retry_after_s)})
+        except EngineDeadError as error:
+            raise OpenAIError(str(error), status=503, type="server_error", code="engine_unavailable")
+        return Job(stream, TextStream(self.lm.tokenizer, stops), len(prompt_ids), chat,
+                         body.include_usage)
+
+    def _check_width(self, prompt_tokens: int, max_tokens: int, param: str, prompt_param: str) -> None:
+        """The engine's row is prompt + max_tokens rounded up to whole blocks: it must fit."""
+        blocks = -(-max_tokens // self.block_length)
+        width = prompt_tokens + blocks * self.block_length
+        for limit, what in ((self.lm.max_length, "the model's context length"),
+                            (self.loop.engine.token_budget, "the engine's token budget")):
+            if prompt_tokens + self.block_length > limit:
+                raise OpenAIError(
+                    f"{prompt_param}: the prompt ({prompt_tokens} tokens) leaves no room for one block "
+                    f"of {self.block_length} within {what} ({limit})", param=prompt_param,
+                    code="context_length_exceeded")
+            if width > limit:
+                raise OpenAIError(
+                    f"prompt ({prompt_tokens} tokens) + {param} ({max_tokens}, rounded up to {blocks} "
+                    f"blocks of {self.block_length}) = {width} tokens exceeds {what} ({limit})",
+                    param=param, code="context_length_exceeded")
+
+    # -- responses ---------------------------------------------------------------------------------
+    async def _collect(self, job: Job) -> CompletionResponse | ChatCompletionResponse:
+        finish, output = None, None
+        try:
+            async for event in job.stream:
+                job.text.add(event.token_ids)
+                output = event.output
+                if job.text.stopped:
+                    finish = "stop"
+                    break
+                if output is not None:
+                    finish = self._finish_reason(output)
+        except EngineDeadError as error:
+            raise OpenAIError(str(error), status=503, type="server_error", code="engine_unavailable")
+        finally:
+            if finish is None or job.text.stopped:  # cancelled (client gone) or cut at a stop string
+                self.loop.abort(job.stream.request_id)
+        job.text.flush()
+        usage = self._usage(job)
+        info = self._info(job, output)
+        if job.chat:
+            return ChatCompletionResponse(
+                id=job.stream.request_id, created=now_s(), model=self.model_name, usage=usage,
+                blockserve=info, choices=[ChatChoice(message=ChatChoiceMessage(content=job.text.text),
+                                                     finish_reason=finish)])
+        return CompletionResponse(
+            id=job.stream.request_id, created=now_s(), model=self.model_name, usage=usage,
+            blockserve=info, choices=[CompletionChoice(text=job.text.text, finish_reason=finish)])
+
+    async def _stream_events(self, job: Job) -> AsyncIterator[str]:
+        finish, first = None, True
+        try:
+            async for event in job.stream:
+                delta = job.text.add(event.token_ids)
+                if job.text.stopped:
+                    finish = "stop"
+                elif event.output is not None:
+                    finish = self._finish_reason(event.output)
+                    delta += job.text.flush()
+                info = self._info(job, event.output) if finish else None
+                yield _sse(self._chunk(job, delta, finish, info, role=first))
+                first = False
+                if finish:
+                    break
+            if job.include_usage:
+                yield _sse(self._chunk(job, None, None, None, role=False, usage=self._usage(job)))
+        except OpenAIError as error:  # the request failed after the stream had started
+            yield _sse(error.body())
+        except EngineDeadError as error:
+            yield _sse(OpenAIError(str(error), status=503, type="server_error",
+                                   code="engine_unavailable").body())
+        finally:
+            if finish is None or job.text.stopped:  # client gone, failure, or cut at a stop string
+                self.loop.abort(job.stream.request_id)
+        yield "data: [DONE]\n\n"
+
+    def _chunk(self, job: Job, delta: str | None, finish: str | None,
+               info: BlockServeInfo | None, role: bool, usage: Usage | None = None) -> BaseModel:
+        created, request_id = now_s(), job.stream.request_id
+        if job.chat:
+            choices = [] if usage else [ChatChunkChoice(
+                delta=ChatDelta(role="assistant" if role else None, content=delta), finish_reason=finish)]
+            return ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
+                                       choices=choices, usage=usage, blockserve=info)
+        choices = [] if usage else [CompletionChoice(text=delta or "", finish_reason=finish)]
+        return CompletionResponse(id=request_id, created=created, model=self.model_name,
+                                  choices=choices, usage=usage, blockserve=info)
+
+    @staticmethod
+    def _finish_reason(output: RequestOutput) -> str:
+        if output.finish_reason == "error":  # checked at admission, so this is the engine's own verdict
+            raise OpenAIError(output.error or "request failed", param=None, code="invalid_value")
+        return FINISH_REASONS[output.finish_reason]
+
+    @staticmethod
+    def _usage(job: Job) -> Usage:
+        completion = len(job.text.token_ids)
+        return Usage(prompt_tokens=job.prompt_tokens, completion_tokens=completion,
+                     total_tokens=job.prompt_tokens + completion)
+
+    @staticmethod
+    def _info(job: Job, output: RequestOutput | None) -> BlockServeInfo:
+        stream = job.stream
+        return BlockServeInfo(
+            request_id=stream.request_id, arrival_time=stream.arrival_time,
+            first_scheduled_time=stream.first_scheduled_time, first_block_time=stream.first_block_time,
+            finish_time=output.finish_time if output is not None else time.time(),
+            num_blocks=stream.num_blocks, num_steps=output.num_steps if output is not None else None)
+
+
+def _sse(payload: BaseModel | dict) -> str:
+    if isinstance(payload, BaseModel):
+        payload = dump(payload)
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def dump(response: BaseModel) -> dict:
+    """A response as JSON-ready data: the optional ``usage`` / ``blockserve`` objects only when set."""
+    unset = {name for name in ("usage", "blockserve") if getattr(response, name, None) is None}
+    return response.model_dump(exclude=unset)

@@ -1,0 +1,183 @@
+"""Ray Serve deployment: an OpenAI-compatible HTTP server over one BlockServe engine per replica.
+
+    serve run configs/serve-tiny.yaml          # import_path: actors.serve_app:build_app
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``
+(503 when the engine loop died or is stuck; ``check_health`` makes Serve replace such a replica) and
+``GET /metrics`` (Prometheus). Ray's part is this file only: the loop, the protocol and the handlers
+are plain Python (``serve_loop``, ``openai_protocol``, ``openai_server``).
+"""
+# No ``from __future__ import annotations`` here: Serve's ingress rebuilds the route methods, and FastAPI
+# must see real classes (not strings) in their signatures to read the JSON body.
+import logging
+from typing import Any, Literal
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from ray import serve
+from ray.serve import Application
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from actors.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, validation_error
+from actors.openai_server import OpenAIServer, dump
+from actors.serve_loop import EngineLoop
+from actors.serve_metrics import ServeMetrics
+from engine import BlockServeEngine, EngineConfig
+
+DEPLOYMENT_NAME = "BlockServeOpenAI"
+logger = logging.getLogger("ray.serve")
+
+
+class ServeAppConfig(BaseModel):
+    """The ``args`` of the Serve application; unknown keys are an error that names the key."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = "tiny"  # "tiny", a checkpoint directory, or a Hugging Face hub id
+    served_model_name: str | None = None  # None: "blockserve-tiny" for "tiny", else `model` itself
+    device: str = "cpu"
+    dtype: str = "float32"
+    engine: dict[str, Any] = Field(default_factory=dict)  # EngineConfig fields
+    batching: Literal["continuous", "static"] = "continuous"  # static: the baseline batcher
+    static_batch_timeout_s: float = Field(0.05, ge=0)
+    max_pending: int = Field(64, ge=1)  # waiting requests per replica before 429
+    max_tokens_limit: int | None = Field(None, ge=1)  # None: the longest canvas the model fits
+    default_max_tokens: int = Field(128, ge=1)
+    retry_after_s: int = Field(1, ge=1)
+    stall_timeout_s: float = Field(120.0, gt=0)  # a block cycle longer than this is a stuck loop
+    torch_threads: int | None = Field(None, ge=1)
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_config_is_valid(cls, value: dict[str, Any]) -> dict[str, Any]:
+        EngineConfig.from_dict(value)  # raises ValueError naming the bad key or value
+        return value
+
+    @model_validator(mode="after")
+    def _static_batching_runs_static_schedule(self) -> "ServeAppConfig":
+        if self.batching == "static" and self.engine.get("schedule") != "static":
+            raise ValueError("batching: 'static' needs engine.schedule: 'static' (batches run to the end)")
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or ("blockserve-tiny" if self.model == "tiny" else self.model)
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig.from_dict(self.engine)
+
+
+api = FastAPI(title="BlockServe", description="OpenAI-compatible serving of diffusion LLMs")
+
+
+def error_response(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+@api.exception_handler(RequestValidationError)
+async def _invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
+    return error_response(validation_error(list(error.errors())))  # 400, not FastAPI's 422
+
+
+@api.exception_handler(OpenAIError)
+async def _openai_error(request: Request, error: OpenAIError) -> JSONResponse:
+    return error_response(error)
+
+
+@api.exception_handler(Exception)
+async def _server_bug(request: Request, error: Exception) -> JSONResponse:
+    logger.exception("unhandled error in %s %s", request.method, request.url.path)
+    return error_response(OpenAIError(f"internal server error: {type(error).__name__}", status=500,
+                                      type="server_error", code="internal_error"))
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+    return error_response(OpenAIError(str(error.detail), status=error.status_code,
+                                      code=f"http_{error.status_code}"))
+
+
+def _http(result: Any) -> Response:
+    if isinstance(result, BaseModel):
+        return JSONResponse(dump(result))
+    return StreamingResponse(result, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@serve.deployment(name=DEPLOYMENT_NAME, max_ongoing_requests=1024, ray_actor_options={"num_cpus": 1},
+                  health_check_period_s=10, health_check_timeout_s=30)
+@serve.ingress(api)
+class BlockServeOpenAI:
+    """One replica: one engine, its loop thread, its metrics. Admission control is ours (429), so
+    ``max_ongoing_requests`` is high: Serve's own queue would hide requests from the block scheduler."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.config = ServeAppConfig.model_validate(config)
+        if self.config.torch_threads:
+            torch.set_num_threads(self.config.torch_threads)
+        engine = BlockServeEngine.from_pretrained(self.config.model, self.config.engine_config(),
+                                                  device=self.config.device, dtype=self.config.dtype)
+        self.metrics = ServeMetrics(self.config.name)
+        self.loop = EngineLoop(engine, batching=self.config.batching,
+                               static_batch_timeout_s=self.config.static_batch_timeout_s,
+                               max_pending=self.config.max_pending,
+                               stall_timeout_s=self.config.stall_timeout_s,
+                               on_cycle=self.metrics.record_cycle).start()
+        self.server = OpenAIServer(
+            self.loop, model_name=self.config.name, metrics=self.metrics,
+            max_tokens_limit=self.config.max_tokens_limit, default_max_tokens=self.config.default_max_tokens,
+            retry_after_s=self.config.retry_after_s)
+
+    @api.get("/v1/models")
+    async def models(self) -> JSONResponse:
+        return JSONResponse(self.server.models().model_dump())
+
+    @api.post("/v1/completions")
+    async def completions(self, body: CompletionRequest) -> Response:
+        return _http(await self.server.completions(body))
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, body: ChatCompletionRequest) -> Response:
+        return _http(await self.server.chat(body))
+
+    @api.get("/health")
+    async def health(self) -> JSONResponse:
+        problem = self.loop.health_problem()
+        status = {"status": "ok" if problem is None else "unhealthy", "reason": problem,
+                  "waiting": self.loop.num_waiting, "running": self.loop.num_running}
+        return JSONResponse(status, status_code=200 if problem is None else 503)
+
+    @api.get("/metrics")
+    async def prometheus_metrics(self) -> Response:
+        self.metrics.queue_depth.set(self.loop.num_waiting)  # live, not as of the last block cycle
+        self.metrics.loop_healthy.set(self.loop.health_problem() is None)
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    def check_health(self) -> None:
+        """Serve's probe: raising marks the replica unhealthy, and the controller replaces it."""
+        problem = self.loop.health_problem()
+        if problem is not None:
+            raise RuntimeError(problem)
+
+    def __del__(self) -> None:
+        loop = getattr(self, "loop", None)
+        if loop is not None:
+            loop.stop()
+
+
+def build_deployment_app(config: ServeAppConfig, **deployment_options: Any) -> Application:
+    """The application, with Serve deployment options (e.g. ``ray_actor_options``) set in code."""
+    deployment = BlockServeOpenAI.options(**deployment_options) if deployment_options else BlockServeOpenAI
+    return deployment.bind(config.model_dump())
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """Application builder for ``serve run`` / ``serve deploy``: ``args`` is a :class:`ServeAppConfig`.
+
+    Deployment options (replicas, ``ray_actor_options``, autoscaling) go in the config file's
+    ``deployments:`` section under the name ``BlockServeOpenAI``."""
+    return build_deployment_app(ServeAppConfig.model_validate(args or {}))

@@ -1,0 +1,244 @@
+"""The serving loop: one engine stepped by a background thread, fed and drained from asyncio.
+
+    event loop (HTTP handlers)                   loop thread (the only one that touches the engine)
+    submit() / abort() ──> inbox ─────────────>  at each block boundary: apply adds and aborts,
+    RequestStream  <── call_soon_threadsafe ───  step(), then one BlockEvent per row of the cycle
+
+A request submitted while a cycle runs waits in the inbox and joins at the next boundary, exactly like
+the offline path. ``batching="static"`` turns the loop into the classic static batcher used as the
+baseline: the engine's ``static`` schedule runs each batch to completion, and a new batch starts once
+``max_batch_size`` requests are waiting or the oldest has waited ``static_batch_timeout_s``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from engine import BlockServeEngine, EngineStats, RequestOutput, SamplingParams
+from engine.engine import BlockCycle
+from engine.prompts import Prompt
+
+logger = logging.getLogger(__name__)
+
+BATCHING_MODES = ("continuous", "static")
+HEARTBEAT_S = 0.5  # an idle loop still wakes this often, so a silent loop means a stuck one
+
+
+class QueueFullError(RuntimeError):
+    """The pending queue is at its cap: the caller should retry later (HTTP 429)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The loop thread has died or is shutting down: nothing will be served (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class BlockEvent:
+    token_ids: list[int]  # what this block added to the request's output
+    output: RequestOutput | None = None  # set on the request's last event
+
+
+@dataclass(eq=False)
+class RequestStream:
+    """One request as its caller sees it: ``async for event in stream`` yields one event per block."""
+
+    request_id: str
+    arrival_time: float
+    event_loop: asyncio.AbstractEventLoop = field(repr=False)
+    first_scheduled_time: float | None = None  # start of the first block cycle it took part in
+    first_block_time: float | None = None  # end of that cycle: its first block was committed
+    num_blocks: int = 0
+    _queue: asyncio.Queue = field(default_factory=asyncio.Queue, repr=False)
+
+    def _push(self, item: BlockEvent | BaseException) -> None:  # called from the loop thread
+        try:
+            self.event_loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
+            pass
+
+    async def __aiter__(self) -> AsyncIterator[BlockEvent]:
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.output is not None:
+                return
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    """What one block cycle did, for metrics (data only; built on the loop thread)."""
+
+    num_waiting: int
+    num_running: int
+    cycle: BlockCycle
+    stats: EngineStats
+    finished: list[tuple[RequestStream, RequestOutput]]
+
+
+class EngineLoop:
+    def __init__(self, engine: BlockServeEngine, *, batching: str = "continuous",
+                 static_batch_timeout_s: float = 0.05, max_pending: int = 64,
+                 stall_timeout_s: float = 120.0, on_cycle: Callable[[CycleReport], None] | None = None):
+        if batching not in BATCHING_MODES:
+            raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
+        if batching == "static" and engine.config.schedule != "static":
+            raise ValueError("batching='static' needs an engine with schedule='static' (runs each batch "
+                             f"to completion), got schedule={engine.config.schedule!r}")
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.engine = engine
+        self.batching = batching
+        self.static_batch_timeout_s = static_batch_timeout_s
+        self.max_pending = max_pending
+        self.stall_timeout_s = stall_timeout_s
+        self.on_cycle = on_cycle
+        self._wakeup = threading.Condition()  # guards everything below that both threads touch
+        self._inbox: deque[tuple] = deque()
+        self._streams: dict[str, RequestStream] = {}
+        self._waiting: dict[str, float] = {}  # submitted, not yet in a block cycle: id -> arrival
+        self._num_running = 0
+        self._stopping = False
+        self._failure: BaseException | None = None
+        self._heartbeat = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="blockserve-engine-loop", daemon=True)
+
+    # -- the caller's side (event-loop thread) -----------------------------------------------------
+    def start(self) -> EngineLoop:
+        self._thread.start()
+        return self
+
+    def submit(self, request_id: str, prompt: Prompt, params: SamplingParams) -> RequestStream:
+        """Queue a request for the next block boundary; raises QueueFullError / EngineDeadError."""
+        with self._wakeup:
+            if self._failure is not None or self._stopping:
+                raise EngineDeadError(self.health_problem() or "engine loop is shutting down")
+            if len(self._waiting) >= self.max_pending:
+                raise QueueFullError(f"{len(self._waiting)} requests are already waiting "
+                                     f"(max_pending={self.max_pending})")
+            stream = RequestStream(request_id, time.time(), asyncio.get_running_loop())
+            self._streams[request_id] = stream
+            self._waiting[request_id] = stream.arrival_time
+            self._inbox.append(("add", request_id, prompt, params))
+            self._wakeup.notify()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request: a waiting one leaves at once, a running one at the next block boundary."""
+        with self._wakeup:
+            self._inbox.append(("abort", request_id))
+            self._wakeup.notify()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return self._num_running
+
+    def health_problem(self) -> str | None:
+        """None when healthy; otherwise why the loop cannot serve (dead thread, or stuck in a cycle)."""
+        if self._failure is not None:
+            return f"engine loop died: {type(self._failure).__name__}: {self._failure}"
+        if not self._thread.is_alive():
+            return "engine loop thread is not running"
+        silent_s = time.monotonic() - self._heartbeat
+        if silent_s > self.stall_timeout_s:
+            return (f"engine loop has not completed a block cycle in {silent_s:.0f} s "
+                    f"(stall_timeout_s={self.stall_timeout_s})")
+        return None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    # -- the loop thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._apply_inbox()
+                wait_s = self._wait_before_step()
+                if wait_s > 0:
+                    with self._wakeup:
+                        if not self._inbox and not self._stopping:
+                            self._wakeup.wait(min(wait_s, HEARTBEAT_S))
+                else:
+                    self._step()
+                self._heartbeat = time.monotonic()
+            self._fail_streams(EngineDeadError("engine loop is shutting down"))
+        except BaseException as error:  # the replica must report unhealthy, not hang its callers
+            logger.exception("engine loop died")
+            self._failure = error
+            self._fail_streams(EngineDeadError(f"engine loop died: {type(error).__name__}: {error}"))
+
+    def _apply_inbox(self) -> None:
+        with self._wakeup:
+            commands, self._inbox = self._inbox, deque()
+        for command in commands:
+            if command[0] == "add":
+                self.engine.add_request(command[2], command[3], request_id=command[1])
+            else:
+                self.engine.abort_request(command[1])
+
+    def _wait_before_step(self) -> float:
+        """Seconds to wait before the next step: idle, or a static batcher still collecting a batch."""
+        if not self.engine.has_unfinished_requests():
+            return HEARTBEAT_S
+        collecting = (self.batching == "static" and self.engine.num_running == 0
+                      and 0 < self.engine.num_pending < self.engine.config.max_batch_size)
+        if not collecting:
+            return 0.0
+        with self._wakeup:
+            oldest = next(iter(self._waiting.values()), time.time())
+        return oldest + self.static_batch_timeout_s - time.time()
+
+    def _step(self) -> None:
+        started = time.time()
+        finished = {output.request_id: output for output in self.engine.step()}
+        cycle = self.engine.last_cycle
+        ended = time.time()
+        touched = list(dict.fromkeys([*cycle.new_token_ids, *finished]))
+        with self._wakeup:
+            for request_id in touched:
+                self._waiting.pop(request_id, None)
+            streams = [(self._streams.pop(request_id, None) if request_id in finished
+                        else self._streams.get(request_id), request_id) for request_id in touched]
+            self._num_running = self.engine.num_running
+            num_waiting = len(self._waiting)
+        done: list[tuple[RequestStream, RequestOutput]] = []
+        for stream, request_id in streams:
+            if stream is None:
+                continue
+            output = finished.get(request_id)
+            if request_id in cycle.new_token_ids:
+                stream.num_blocks += 1
+                if stream.first_scheduled_time is None:
+                    stream.first_scheduled_time = started
+                    stream.first_block_time = output.finish_time if output is not None else ended
+            stream._push(BlockEvent(cycle.new_token_ids.get(request_id, []), output))
+            if output is not None:
+                done.append((stream, output))
+        if self.on_cycle is not None:
+            report = CycleReport(num_waiting=num_waiting, num_running=self._num_running, cycle=cycle,
+                                 stats=self.engine.stats(), finished=done)
+            try:
+                self.on_cycle(report)
+            except Exception:  # a metrics bug must not take the engine down
+                logger.exception("on_cycle callback failed")
+
+    def _fail_streams(self, error: EngineDeadError) -> None:
+        with self._wakeup:
+            streams, self._streams = list(self._streams.values()), {}
+            self._waiting.clear()
+        for stream in streams:
+            stream._push(error)

@@ -1,0 +1,133 @@
+"""The paper's evaluation, one function per table or figure. Each returns JSON-ready raw figures.
+
+Every comparison runs its systems interleaved in one process (see :func:`systems.interleaved`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.models.loader import DiffusionLM
+
+from benchmarks.systems import SYSTEMS, RunResult, interleaved, median_of, median_run, run_system
+from benchmarks.workloads import Workload
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much of each workload a suite runs (the full suite must fit 20 min on 2 cores)."""
+
+    heldout: int | None  # held-out requests for the throughput table (None: the whole split)
+    humaneval: int | None
+    rounds: int  # interleaved rounds per comparison; medians are reported
+    sweep_requests: int  # requests per point of the batch-size sweep
+    batch_sizes: tuple[int, ...]
+    ablation_requests: int
+    ablation_rounds: int
+    capacity_budget: int  # bounding-box tokens of the capacity table
+    humaneval_max_new_tokens: int = 256  # the clip of the canonical-solution length caps
+
+
+SCALES = {
+    "full": Scale(heldout=None, humaneval=96, rounds=3, sweep_requests=48, batch_sizes=(1, 2, 4, 8, 16),
+                  ablation_requests=128, ablation_rounds=2, capacity_budget=4096),
+    "quick": Scale(heldout=32, humaneval=16, rounds=1, sweep_requests=8, batch_sizes=(1, 4, 16),
+                   ablation_requests=16, ablation_rounds=1, capacity_budget=2048),
+    "smoke": Scale(heldout=4, humaneval=2, rounds=1, sweep_requests=2, batch_sizes=(1, 2),
+                   ablation_requests=2, ablation_rounds=1, capacity_budget=1024, humaneval_max_new_tokens=64),
+}
+BATCH_SIZE = 16
+
+
+def _summary(label: str, runs: list[RunResult]) -> dict:
+    middle = median_run(runs)
+    return {"label": label, "system": middle.system, "rounds": len(runs),
+            "tokens_per_s": median_of(runs, "tokens_per_s"),
+            "tokens_per_s_all": [run.tokens_per_s for run in runs],
+            "accuracy": middle.accuracy, "outputs_digest": middle.extra["outputs_digest"],
+            **{key: median_of(runs, key) for key in (
+                "effective_compute_ratio", "useful_row_fraction", "padding_fraction",
+                "scheduler_overhead_fraction", "mean_rows", "denoise_steps", "block_cycles",
+                "generated_tokens", "peak_bounding_box_tokens")},
+            "peak_rows": middle.peak_rows, "mean_cycle_rows": middle.mean_cycle_rows,
+            "requests": middle.requests}
+
+
+def throughput(lm: DiffusionLM, workloads: list[Workload], scale: Scale, log=print) -> dict:
+    """Table II (and the per-request latencies behind Fig. 2): the three systems at batch 16."""
+    tables = {}
+    for workload in workloads:
+        variants = {system: {"system": system, "max_batch_size": BATCH_SIZE} for system in SYSTEMS}
+        runs = interleaved(lm, variants, workload, scale.rounds, log)
+        rows = [_summary(label, results) for label, results in runs.items()]
+        block = rows[0]["tokens_per_s"]
+        for row in rows:
+            row["speedup_of_block"] = block / row["tokens_per_s"] if row["tokens_per_s"] else None
+        tables[workload.name] = {"workload_notes": workload.notes, "rows": rows,
+                                 "identical_outputs": len({row["outputs_digest"] for row in rows}) == 1}
+    return tables
+
+
+def batch_sweep(lm: DiffusionLM, workload: Workload, scale: Scale, log=print) -> dict:
+    """Fig. 3 (effective compute ratio, useful row fraction) and Fig. 4 (latency percentiles) per batch size."""
+    points = []
+    for batch_size in scale.batch_sizes:
+        variants = {system: {"system": system, "max_batch_size": batch_size} for system in SYSTEMS}
+        runs = interleaved(lm, variants, workload, 1, log)
+        for label, results in runs.items():
+            points.append({"batch_size": batch_size, **_summary(label, results)})
+    return {"workload": workload.name, "requests": len(workload), "points": points}
+
+
+def capacity(lm: DiffusionLM, workload: Workload, scale: Scale, log=print) -> dict:
+    """Table IV: under one token budget, the largest batch each system runs safely.
+
+    ``static``/``shrink`` fix their batch size up front (Fast-dLLM's ``batch_size``): it is safe only if
+    the worst batch of the workload fits, i.e. rows x (longest prompt + longest canvas) <= budget.
+    ``block`` admits by the budget at each boundary, so it is safe at any batch size; what it sustains
+    is measured (peak and mean concurrent rows with no batch-size cap).
+    """
+    budget = scale.capacity_budget
+    widths = _row_widths(lm, workload)
+    static_rows = budget // max(widths)
+    result = {"workload": workload.name, "token_budget": budget, "widest_row": max(widths),
+              "narrowest_row": min(widths), "static_safe_batch": static_rows, "systems": []}
+    variants = {
+        "block": {"system": "block", "max_batch_size": 1024, "token_budget": budget},
+        "static": {"system": "static", "max_batch_size": max(static_rows, 1), "token_budget": budget},
+        "shrink": {"system": "shrink", "max_batch_size": max(static_rows, 1), "token_budget": budget},
+    }
+    runs = interleaved(lm, variants, workload, 1, log)
+    for label, results in runs.items():
+        run = results[0]
+        result["systems"].append({
+            "system": label, "max_batch_size": variants[label]["max_batch_size"],
+            "peak_rows": run.peak_rows, "mean_rows": run.mean_cycle_rows,
+            "peak_bounding_box_tokens": run.stats["peak_bounding_box_tokens"],
+            "within_budget": run.stats["peak_bounding_box_tokens"] <= budget,
+            "tokens_per_s": run.tokens_per_s, "accuracy": run.accuracy})
+    return result
+
+
+def _row_widths(lm: DiffusionLM, workload: Workload, block_length: int = 32) -> list[int]:
+    """prompt + canvas of every request, as the engine will size its row."""
+    from engine.prompts import encode_prompt
+
+    widths = []
+    for prompt, params in zip(workload.prompts, workload.params):
+        prompt_length = len(encode_prompt(lm.tokenizer, prompt, lm.vocab_size))
+        widths.append(prompt_length + -(-params.max_new_tokens // block_length) * block_length)
+    return widths
+
+
+def ablations(lm: DiffusionLM, workload: Workload, scale: Scale, log=print) -> dict:
+    """Block length 16/32/64 (throughput, accuracy); sorted vs arrival-order queue (throughput, padding)."""
+    workload = workload.head(scale.ablation_requests)
+    lengths = {f"L={length}": {"system": "block", "max_batch_size": BATCH_SIZE, "block_length": length}
+               for length in (16, 32, 64)}
+    length_runs = interleaved(lm, lengths, workload, scale.ablation_rounds, log)
+    queues = {"sorted": {"system": "block", "max_batch_size": BATCH_SIZE, "sort_pending": True},
+              "arrival": {"system": "block", "max_batch_size": BATCH_SIZE, "sort_pending": False}}
+    queue_runs = interleaved(lm, queues, workload, scale.ablation_rounds, log)
+    return {"workload": workload.name, "requests": len(workload),
+            "block_length": [_summary(label, runs) for label, runs in length_runs.items()],
+            "queue_order": [_summary(label, runs) for label, runs in queue_runs.items()]}

@@ -1,0 +1,217 @@
+"""Online load benchmark: Poisson arrivals against the serving loop, BlockServe vs a static batcher.
+
+Both systems are the replica's own serving loop (``actors.serve_loop.EngineLoop``) over one loaded
+model, driven in-process without HTTP: the HTTP/Serve layer adds the same few milliseconds to both and
+only noise to the comparison, while the loop is where the policies differ.
+
+* ``blockserve``: engine ``schedule="block"`` + ``batching="continuous"``: requests join and leave at
+  every block boundary under the token budget.
+* ``static``: engine ``schedule="static"`` + ``batching="static"``: collect up to ``max_batch_size``
+  requests or until the oldest has waited ``--static-timeout`` s, then run that batch to completion
+  on one shared canvas (Fast-dLLM style); arrivals meanwhile wait for the next batch.
+
+Rates are fractions (``--load``) of BlockServe's measured capacity (a closed batch of the same
+workload), or absolute (``--rates``, requests/s). The systems are interleaved rate by rate, with the same
+arrival times and requests for both. Per run: throughput (generated tokens/s and requests/s over the
+makespan), latency p50/p99 (arrival to last block) and time to first block p50/p99.
+
+    PYTHONPATH=. python -m benchmarks.serve_load --quick --out benchmarks/results/serve_load/quick.json
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from actors.serve_loop import EngineLoop
+from engine import BlockServeEngine, EngineConfig, SamplingParams
+from engine.models.loader import DiffusionLM, load_model, resolve_model_dir
+from engine.prompts import encode_prompt
+from tinylm.tasks import read_jsonl
+
+DATA = Path(__file__).resolve().parents[1] / "assets" / "data" / "heldout.jsonl"
+SYSTEMS = {"blockserve": ("block", "continuous"), "static": ("static", "static")}
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class RunResult:
+    system: str
+    rate_rps: float
+    repeat: int
+    requests: int
+    completed: int
+    makespan_s: float
+    throughput_tok_s: float
+    throughput_rps: float
+    latency_p50_s: float
+    latency_p99_s: float
+    ttfb_p50_s: float
+    ttfb_p99_s: float
+    mean_rows: float
+    effective_compute_ratio: float
+    generated_tokens: int
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (with few requests, p99 is the slowest one)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def build_workload(lm: DiffusionLM, count: int, min_blocks: int, max_blocks: int, block_length: int,
+                   seed: int) -> list[Request]:
+    """Held-out tiny-model tasks, chat-formatted, each with a random cap of min..max blocks (EOS may
+    end it sooner): the length heterogeneity that separates the two policies."""
+    rows = read_jsonl(DATA)
+    rng = random.Random(seed)
+    picks = [rows[rng.randrange(len(rows))] for _ in range(count)]
+    return [Request(encode_prompt(lm.tokenizer, [{"role": "user", "content": row["prompt"]}], lm.vocab_size),
+                    SamplingParams(max_new_tokens=block_length * rng.randint(min_blocks, max_blocks)))
+            for row in picks]
+
+
+def poisson_arrivals(count: int, rate_rps: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    times, now = [], 0.0
+    for _ in range(count):
+        times.append(now)
+        now += rng.expovariate(rate_rps)
+    return times
+
+
+async def drive(engine: BlockServeEngine, batching: str, workload: list[Request], arrivals: list[float],
+                static_timeout_s: float) -> tuple[list[tuple], float]:
+    """Submit each request at its arrival time; return (stream, output) pairs and the makespan."""
+    loop = EngineLoop(engine, batching=batching, static_batch_timeout_s=static_timeout_s,
+                      max_pending=len(workload) + 1).start()
+    start = time.time()
+
+    async def one(index: int):
+        await asyncio.sleep(max(0.0, start + arrivals[index] - time.time()))
+        stream = loop.submit(f"r{index}", workload[index].prompt_ids, workload[index].params)
+        events = [event async for event in stream]
+        return stream, events[-1].output
+
+    results = await asyncio.gather(*(one(index) for index in range(len(workload))))
+    makespan = max(output.finish_time for _, output in results) - start
+    loop.stop()
+    return results, makespan
+
+
+def run(engine: BlockServeEngine, system: str, workload: list[Request], arrivals: list[float],
+        rate_rps: float, repeat: int, static_timeout_s: float) -> RunResult:
+    engine.reset_stats()
+    results, makespan = asyncio.run(drive(engine, SYSTEMS[system][1], workload, arrivals,
+                                          static_timeout_s))
+    latencies = [output.finish_time - stream.arrival_time for stream, output in results]
+    ttfb = [stream.first_block_time - stream.arrival_time for stream, _ in results]
+    stats = engine.stats()
+    tokens = sum(len(output.token_ids) for _, output in results)
+    return RunResult(
+        system=system, rate_rps=rate_rps, repeat=repeat, requests=len(workload),
+        completed=sum(output.finish_reason in ("eos", "length") for _, output in results),
+        makespan_s=makespan, throughput_tok_s=tokens / makespan, throughput_rps=len(workload) / makespan,
+        latency_p50_s=percentile(latencies, 50), latency_p99_s=percentile(latencies, 99),
+        ttfb_p50_s=percentile(ttfb, 50), ttfb_p99_s=percentile(ttfb, 99), mean_rows=stats.mean_rows,
+        effective_compute_ratio=stats.effective_compute_ratio, generated_tokens=tokens)
+
+
+def model_fingerprint(model: str) -> dict:
+    weights = sorted(resolve_model_dir(model).glob("*.safetensors"))
+    digest = hashlib.sha256()
+    for path in weights:
+        digest.update(path.read_bytes())
+    return {"model": model, "weights_sha256": digest.hexdigest()[:16],
+            "weights_mtime": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(
+                max(path.stat().st_mtime for path in weights)))}
+
+
+def summarize(results: list[RunResult]) -> list[dict]:
+    summary = []
+    for rate in dict.fromkeys(result.rate_rps for result in results):
+        row = {"rate_rps": round(rate, 4)}
+        for system in SYSTEMS:
+            runs = [result for result in results if result.rate_rps == rate and result.system == system]
+            row[system] = {key: statistics.median(getattr(run, key) for run in runs) for key in (
+                "throughput_tok_s", "throughput_rps", "latency_p50_s", "latency_p99_s", "ttfb_p50_s",
+                "ttfb_p99_s", "effective_compute_ratio")}
+        row["p99_latency_ratio"] = row["blockserve"]["latency_p99_s"] / row["static"]["latency_p99_s"]
+        row["throughput_ratio"] = row["blockserve"]["throughput_tok_s"] / row["static"]["throughput_tok_s"]
+        summary.append(row)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--requests", type=int, default=48, help="requests per run")
+    parser.add_argument("--load", default="0.5,0.8,1.0", help="rates as fractions of BlockServe capacity")
+    parser.add_argument("--rates", default=None, help="absolute rates in requests/s (overrides --load)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--max-batch-size", type=int, default=8)
+    parser.add_argument("--block-length", type=int, default=32)
+    parser.add_argument("--steps-per-block", type=int, default=None)
+    parser.add_argument("--min-blocks", type=int, default=1)
+    parser.add_argument("--max-blocks", type=int, default=6)
+    parser.add_argument("--static-timeout", type=float, default=0.5, help="static batch window, s")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="16 requests, loads 0.6 and 1.0, 8 steps/block")
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
+    args = parser.parse_args()
+    if args.quick:
+        args.requests, args.load, args.steps_per_block = 16, "0.6,1.0", args.steps_per_block or 8
+
+    export = model_fingerprint(args.model)  # the trainer may re-export later: this is what gets loaded
+    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    common = {"max_batch_size": args.max_batch_size, "block_length": args.block_length,
+              "steps_per_block": args.steps_per_block}
+    engines = {system: BlockServeEngine(lm, EngineConfig(schedule=schedule, **common))
+               for system, (schedule, _) in SYSTEMS.items()}
+    workload = build_workload(lm, args.requests, args.min_blocks, args.max_blocks, args.block_length,
+                              args.seed)
+    for system in SYSTEMS:  # warm up both paths (first-call allocations) on a few requests
+        run(engines[system], system, workload[:4], [0.0] * 4, 0.0, -1, args.static_timeout)
+    capacity = run(engines["blockserve"], "blockserve", workload, [0.0] * len(workload), 0.0, -1,
+                   args.static_timeout)
+    if args.rates:
+        rates = [float(rate) for rate in args.rates.split(",")]
+    else:
+        rates = [float(load) * capacity.throughput_rps for load in args.load.split(",")]
+
+    results: list[RunResult] = []
+    for rate_index, rate in enumerate(rates):
+        for repeat in range(args.repeats):
+            arrivals = poisson_arrivals(len(workload), rate, args.seed + 1000 * rate_index + repeat)
+            order = list(SYSTEMS) if (rate_index + repeat) % 2 == 0 else list(SYSTEMS)[::-1]
+            for system in order:  # interleaved, alternating which goes first
+                result = run(engines[system], system, workload, arrivals, rate, repeat, args.static_timeout)
+                results.append(result)
+                print(json.dumps({"progress": asdict(result)}), flush=True)
+
+    report = {"export": export, "args": {k: (str(v) if isinstance(v, Path) else v)
+                                                               for k, v in vars(args).items()},
+              "engine": common, "capacity_closed_batch": asdict(capacity), "summary": summarize(results),
+              "runs": [asdict(result) for result in results]}
+    print(json.dumps(report["summary"], indent=2))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

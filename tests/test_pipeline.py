@@ -1,0 +1,215 @@
+"""The batch job, specified: ``python -m pipeline.run`` on the session's local Ray cluster.
+
+Runs are small (8-12 rows, one 32-token block each) and use a frozen copy of the tiny model.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import ConfigError, load_config
+from tests.pipeline_helpers import REPO_ROOT, demo_rows, freeze_tiny_model, read_outputs
+
+TINY_CONFIG = REPO_ROOT / "configs" / "tiny-cpu.yaml"
+OUTPUT_COLUMNS = {"generated_text", "num_generated_tokens", "finish_reason", "error", "num_blocks",
+                  "queue_s", "latency_s", "actor_id", "node_id", "device"}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return str(freeze_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
+
+
+def run_job(tiny_model: str, output: Path, *overrides: str, input_path: Path | None = None) -> int:
+    from pipeline.run import main
+
+    args = ["--config", str(TINY_CONFIG), "--output", str(output),
+            "--set", f"model={tiny_model}", "--set", "sampling.max_new_tokens=32",
+            "--set", "actors.num_cpus=0.25", "--set", "actors.batch_size=4",
+            "--set", "actors.max_concurrent_batches=2", "--set", "actors.num_actors=1",
+            "--set", "actors.startup_timeout_s=300", "--set", "bucketing.num_buckets=2"]
+    if input_path is not None:
+        args += ["--input", str(input_path), "--set", "limit=null"]
+    for override in overrides:
+        args += ["--set", override]
+    return main(args)
+
+
+def stats_of(output: Path) -> dict:
+    return json.loads((output / "stats.json").read_text())
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["tiny-cpu", "llada-8b-instruct", "dream-7b-instruct"])
+def test_shipped_configs_validate(name):
+    config = load_config(REPO_ROOT / "configs" / f"{name}.yaml")
+    assert config.uses_gpus == (name != "tiny-cpu")
+    if config.uses_gpus:
+        assert config.dtype == "bfloat16" and config.actors.num_gpus == 1 and config.engine.token_budget
+
+
+@pytest.mark.parametrize("text, key, words", [
+    ("input: a.jsonl\noutput: o\nlimt: 3\n", "limt", "unknown key"),
+    ("input: a.jsonl\noutput: o\nengine: {block_lenght: 16}\n", "engine.block_lenght", "unknown key"),
+    ("input: a.jsonl\noutput: o\nactors: {num_gpu: 1}\n", "actors.num_gpu", "unknown key"),
+    ("input: a.jsonl\noutput: o\nlimit: many\n", "limit", "valid integer"),
+    ("input: a.jsonl\noutput: o\nengine: {max_batch_size: lots}\n", "engine.max_batch_size", "integer"),
+    ("input: a.jsonl\noutput: o\nsampling: {max_new_tokens: 0}\n", "sampling", "must be positive"),
+    ("input: a.jsonl\nlimit: 3\n", "output", "required"),
+])
+def test_bad_config_names_the_key_and_the_file(tmp_path, text, key, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert str(path) in message and f": {key}" in message and words in message
+
+
+def test_set_overrides_are_validated_like_the_file():
+    config = load_config(TINY_CONFIG, ["engine.block_length=16", "limit=null", "actors.num_actors=3"])
+    assert (config.engine.block_length, config.limit, config.actors.num_actors) == (16, None, 3)
+    with pytest.raises(ConfigError, match="sampling.tempreture: unknown key"):
+        load_config(TINY_CONFIG, ["sampling.tempreture=1"])
+
+
+def test_gpu_mode_runs_one_actor_per_gpu_of_the_cluster(monkeypatch):
+    import ray
+
+    from pipeline.run import number_of_actors
+
+    config = load_config(REPO_ROOT / "configs" / "llada-8b-instruct.yaml")
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 64.0, "GPU": 8.0})
+    assert number_of_actors(config, num_blocks=100) == 8
+    assert number_of_actors(config, num_blocks=3) == 3  # never more actors than blocks of work
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 64.0})
+    with pytest.raises(ConfigError, match="no GPUs"):
+        number_of_actors(config, num_blocks=100)
+
+
+def snapshot(actor_id: str, rows: int, tokens: int, steps: int, useful: float, busy: float) -> dict:
+    engine = {"generated_tokens": tokens, "denoise_steps": steps, "block_cycles": steps // 4,
+              "effective_compute_ratio": useful, "useful_row_fraction": useful, "padding_fraction": 0.1}
+    return {"actor_id": actor_id, "instance_id": f"{actor_id}-{rows}", "node_id": "n", "device": "cpu",
+            "rows": rows, "error_rows": 0, "batches": 1, "busy_s": busy, "active_s": busy + 1,
+            "memory_peak_bytes": rows, "gpu_utilization": None, "engine": engine,
+            "samples": {"num_generated_tokens": [32] * rows, "latency_s": [1.0] * rows}}
+
+
+def test_stats_add_up_across_actors_and_the_incarnations_of_a_restarted_actor():
+    from pipeline.stats import aggregate, format_table
+
+    snapshots = [snapshot("a", 4, 100, 10, 1.0, 2.0), snapshot("a", 8, 300, 30, 0.5, 4.0),
+                 snapshot("b", 6, 200, 20, 0.8, 3.0)]
+    stats = aggregate(snapshots, wall_s=10.0, bin_tokens=32)
+    a, b = stats["per_actor"]
+    assert (a["incarnations"], a["rows"], a["generated_tokens"], a["busy_s"]) == (2, 12, 400, 6.0)
+    assert a["useful_row_fraction"] == pytest.approx((10 * 1.0 + 30 * 0.5) / 40)  # weighted by steps
+    assert a["tokens_per_s"] == pytest.approx(400 / 8.0)  # over the actor's own active time
+    totals = stats["totals"]
+    assert (totals["actors"], totals["restarts"], totals["rows"]) == (2, 1, 18)
+    assert totals["tokens_per_s"] == pytest.approx(600 / 10.0)  # over the job's wall time
+    assert stats["latency_by_output_length"] == [
+        {"output_tokens": "1-32", "rows": 18, "p50_s": 1.0, "p90_s": 1.0, "max_s": 1.0}]
+    assert "TOTAL (2)" in format_table(stats)
+
+
+# --------------------------------------------------------------------------------------------------
+# Runs
+# --------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished_run(ray_cluster, tiny_model, tmp_path_factory):
+    """12 demo rows on 2 actors scheduled on the session's 2 fake GPUs."""
+    output = tmp_path_factory.mktemp("run") / "out"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = run_job(tiny_model, output, "limit=12", "actors.num_gpus=1", "actors.num_actors=2")
+    return code, output, printed.getvalue()
+
+
+def test_job_writes_every_row_once_with_outputs_and_stats(finished_run):
+    code, output, printed = finished_run
+    assert code == 0
+    assert "TOTAL (2)" in printed and "12 rows (12 unique ids)" in printed
+    rows = read_outputs(output)
+    assert sorted(r["id"] for r in rows) == [r["id"] for r in demo_rows(12)]
+    assert OUTPUT_COLUMNS | {"id", "prompt", "answer", "num_prompt_tokens", "length_bucket"} <= set(rows[0])
+    assert all(r["error"] is None and r["num_generated_tokens"] > 0 for r in rows)
+    stats = stats_of(output)
+    totals = stats["totals"]
+    assert (totals["actors"], totals["rows"], totals["restarts"]) == (2, 12, 0)
+    assert totals["generated_tokens"] == sum(r["num_generated_tokens"] for r in rows)
+    assert stats["run"]["output_rows"] == stats["run"]["output_unique_ids"] == 12
+    assert {a["actor_id"] for a in stats["per_actor"]} == {r["actor_id"] for r in rows}
+    for key in ("tokens_per_s", "effective_compute_ratio", "useful_row_fraction", "padding_fraction",
+                "busy_s", "memory_peak_bytes", "gpu_utilization"):
+        assert key in totals
+    assert (output / "stats.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rows_of_similar_prompt_length_travel_together(finished_run):
+    _, output, _ = finished_run
+    rows = read_outputs(output)
+    edges = stats_of(output)["run"]["bucket_edges"]
+    assert len(edges) == 1  # bucketing.num_buckets=2
+    for row in rows:
+        assert row["length_bucket"] == int(row["num_prompt_tokens"] >= edges[0])
+    for file in (output / "outputs").glob("*.parquet"):  # each written block comes from one batch
+        lengths = pq.read_table(file).column("num_prompt_tokens").to_pylist()
+        assert lengths == sorted(lengths)
+
+
+def test_actor_crash_is_restarted_and_every_row_is_written_exactly_once(ray_cluster, tiny_model,
+                                                                        tmp_path):
+    """Parquet input without an id column: ids are generated from the rows' content."""
+    source = [{"prompt": r["prompt"], "task": r["task"]} for r in demo_rows(8, start=200)]
+    input_path = tmp_path / "prompts.parquet"
+    pq.write_table(pa.Table.from_pylist(source), input_path)
+    output = tmp_path / "out"
+    code = run_job(tiny_model, output, "fault.fail_after_rows=4", "fault.mode=crash",
+                   "actors.max_concurrent_batches=1", input_path=input_path)
+    assert code == 0
+    rows = read_outputs(output)
+    assert sorted(r["prompt"] for r in rows) == sorted(r["prompt"] for r in source)
+    assert len({r["id"] for r in rows}) == 8
+    stats = stats_of(output)
+    assert stats["totals"]["restarts"] == 1 and stats["per_actor"][0]["incarnations"] == 2
+
+
+def test_job_that_fails_part_way_resumes_to_every_row_exactly_once(ray_cluster, tiny_model, tmp_path,
+                                                                    capsys):
+    """CSV input. The injected error fails the job after the actor's first batch; a rerun with the same
+    output generates only the rows missing there (a file cut off mid-write is dropped and redone)."""
+    source = demo_rows(8, start=300)
+    input_path = tmp_path / "prompts.csv"
+    pacsv.write_csv(pa.Table.from_pylist(source), input_path)
+    output = tmp_path / "out"
+    code = run_job(tiny_model, output, "fault.fail_after_rows=4", "fault.mode=error",
+                   "actors.max_concurrent_batches=1", input_path=input_path)
+    assert code == 1
+    written_before = len(read_outputs(output)) if (output / "outputs").exists() else 0
+    assert written_before < 8
+    (output / "outputs").mkdir(parents=True, exist_ok=True)
+    (output / "outputs" / "torn.parquet").write_bytes(b"PAR1 cut off mid-write")
+
+    assert run_job(tiny_model, output, input_path=input_path) == 0
+    rows = read_outputs(output)
+    assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in source)
+    run = stats_of(output)["run"]
+    assert run["rows_already_done"] == written_before and run["rows_generated"] == 8 - written_before
+    assert not (output / "outputs" / "torn.parquet").exists()
+
+    capsys.readouterr()
+    assert run_job(tiny_model, output, input_path=input_path) == 0
+    assert "nothing to do" in capsys.readouterr().out and len(read_outputs(output)) == 8

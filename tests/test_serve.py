@@ -1,0 +1,424 @@
+"""Online serving on Ray Serve (issue 5): the OpenAI API over one BlockServe engine per replica.
+
+One Serve instance on the session's Ray cluster hosts two apps built by ``actors.serve_app``:
+``main`` (16 rows, route ``/``) and ``small`` (2 rows, 2 waiting, route ``/small``, for backpressure).
+Every answer is compared with ``engine.generate`` run here on the same frozen copy of the tiny model in
+float32 (the trainer re-exports ``assets/tiny`` while tests run, so nothing reads it twice).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from engine import BlockServeEngine, EngineConfig, SamplingParams
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TINY_DIR = REPO_ROOT / "assets" / "tiny"
+MODEL = "blockserve-tiny"
+ENGINE = {"max_batch_size": 16, "steps_per_block": 4}  # a step cap keeps CPU block cycles short
+SMALL_ENGINE = {"max_batch_size": 2, "steps_per_block": 4}
+TIMEOUT_S = 120.0
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def fingerprint(directory: Path) -> list[tuple[str, int, int]]:
+    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir())
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A frozen copy of assets/tiny, taken while no export is being written."""
+    target = tmp_path_factory.mktemp("tiny-snapshot")
+    for _ in range(10):
+        before = fingerprint(TINY_DIR)
+        shutil.copytree(TINY_DIR, target, dirs_exist_ok=True)
+        if fingerprint(TINY_DIR) == before and (target / "model.safetensors").is_file():
+            return target
+        time.sleep(3)
+    pytest.fail("assets/tiny kept changing while it was copied")
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir) -> BlockServeEngine:
+    return BlockServeEngine.from_pretrained(model_dir, EngineConfig(**ENGINE), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def expect(reference):
+    """engine.generate for one prompt, computed once per module."""
+    cache = {}
+
+    def generate(prompt, max_tokens: int, stop_at_eos: bool = True):
+        key = (json.dumps(prompt), max_tokens, stop_at_eos)
+        if key not in cache:
+            params = SamplingParams(max_new_tokens=max_tokens, stop_at_eos=stop_at_eos)
+            cache[key] = reference.generate([prompt], params)[0]
+        return cache[key]
+
+    return generate
+
+
+@pytest.fixture(scope="module")
+def server(ray_cluster, model_dir) -> str:
+    from ray import serve
+
+    from actors.serve_app import ServeAppConfig, build_deployment_app
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    common = {"model": str(model_dir), "served_model_name": MODEL, "dtype": "float32", "device": "cpu"}
+    apps = {"blockserve-main": ("/", ServeAppConfig(**common, engine=ENGINE, max_pending=32)),
+            "blockserve-small": ("/small", ServeAppConfig(**common, engine=SMALL_ENGINE, max_pending=2,
+                                                          retry_after_s=2))}
+    serve.run_many([serve.RunTarget(build_deployment_app(config, ray_actor_options={"num_cpus": 0.5}),
+                                    name=name, route_prefix=route)
+                    for name, (route, config) in apps.items()])  # both replicas start at once
+    url = f"http://127.0.0.1:{port}"
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200, "Serve answers on another port"
+    yield url
+    for name in apps:
+        serve.delete(name)
+
+
+@pytest.fixture()
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0, timeout=TIMEOUT_S)
+
+
+def metric(base_url: str, name: str, **labels: str) -> float:
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
+    for line in text.splitlines():
+        if line.startswith(name) and all(label in line for label in wanted):
+            if re.match(rf"{re.escape(name)}(\{{|\s)", line):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_until(condition, timeout_s: float = 60.0, what: str = "condition") -> None:
+    deadline = time.time() + timeout_s
+    while not condition():
+        if time.time() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def sse_events(response: httpx.Response) -> list:
+    return [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+
+
+# -- the API ---------------------------------------------------------------------------------------
+def test_models_route_lists_the_served_model_and_health_is_ok(server, client):
+    assert [model.id for model in client.models.list()] == [MODEL]
+    health = httpx.get(f"{server}/health", timeout=10)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_completion_and_chat_equal_engine_generate(client, expect):
+    prompt, messages = "count from 3 to 12", chat("count from 3 to 12")
+    completion = client.completions.create(model=MODEL, prompt=prompt, max_tokens=64)
+    answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=64)
+    expected_text, expected_chat = expect(prompt, 64), expect(messages, 64)
+    for choice_text, response, expected in ((completion.choices[0].text, completion, expected_text),
+                                            (answer.choices[0].message.content, answer, expected_chat)):
+        assert choice_text == expected.text
+        assert response.choices[0].finish_reason == {"eos": "stop", "length": "length"}[
+            expected.finish_reason]
+        assert response.usage.prompt_tokens == len(expected.prompt_token_ids)
+        assert response.usage.completion_tokens == len(expected.token_ids)
+        assert response.model == MODEL
+
+
+def test_stream_sends_one_chunk_per_committed_block_then_done(server, client, expect):
+    body = {"model": MODEL, "prompt": "count from 5 to 40", "max_tokens": 96, "stream": True,
+            "ignore_eos": True}  # exactly 3 blocks of 32
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=TIMEOUT_S) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert len(chunks) == 3
+    assert [chunk["choices"][0]["finish_reason"] for chunk in chunks] == [None, None, "length"]
+    assert chunks[-1]["blockserve"]["num_blocks"] == 3
+    expected = expect("count from 5 to 40", 96, stop_at_eos=False)
+    assert "".join(chunk["choices"][0]["text"] for chunk in chunks) == expected.text
+
+    stream = client.chat.completions.create(model=MODEL, messages=chat("count from 7 to 30"),
+                                            max_tokens=64, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    expected = expect(chat("count from 7 to 30"), 64)
+    deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
+    assert deltas[0].role == "assistant"
+    assert "".join(delta.content or "" for delta in deltas) == expected.text
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] is not None
+    assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
+
+
+def test_stop_string_cuts_the_text_and_finishes_with_stop(client, expect):
+    expected = expect(chat("count from 3 to 12"), 64)
+    stop = " "
+    if stop not in expected.text:
+        pytest.skip(f"this export's answer has no space to stop at: {expected.text!r}")
+    answer = client.chat.completions.create(model=MODEL, messages=chat("count from 3 to 12"),
+                                            max_tokens=64, stop=[stop])
+    assert answer.choices[0].message.content == expected.text[:expected.text.index(stop)]
+    assert answer.choices[0].finish_reason == "stop"
+
+
+# -- online batching -------------------------------------------------------------------------------
+def test_sixteen_concurrent_requests_of_different_lengths_each_equal_engine_generate(
+        server, reference, heldout_rows):
+    from openai import AsyncOpenAI
+
+    by_length = sorted(heldout_rows, key=lambda row: len(row["prompt"]))
+    rows = [by_length[index * (len(by_length) - 1) // 15] for index in range(16)]  # shortest to longest
+    prompts = [chat(row["prompt"]) for row in rows]
+    caps = [32 * (1 + index % 3) for index in range(16)]  # 1 to 3 blocks, over short and long prompts
+
+    async def ask_all():
+        client = AsyncOpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0, timeout=TIMEOUT_S)
+        return await asyncio.gather(*(client.chat.completions.create(
+            model=MODEL, messages=prompt, max_tokens=cap) for prompt, cap in zip(prompts, caps)))
+
+    answers = asyncio.run(ask_all())
+    expected = reference.generate(prompts, [SamplingParams(max_new_tokens=cap) for cap in caps])
+    assert len({len(output.prompt_token_ids) for output in expected}) > 8, "prompt lengths should vary"
+    for answer, output in zip(answers, expected):
+        assert answer.choices[0].message.content == output.text
+        assert answer.usage.completion_tokens == len(output.token_ids)
+    admitted_at = [answer.model_extra["blockserve"]["first_scheduled_time"] for answer in answers]
+    assert len(set(admitted_at)) < len(admitted_at), "no two requests were admitted at one boundary"
+
+
+def test_late_arrival_is_admitted_while_earlier_requests_still_run(server):
+    # 6 blocks each: even if the two were admitted one cycle apart, and the late request misses the
+    # boundary right after /health showed both running, they still have blocks left when it leaves
+    long_body = {"model": MODEL, "max_tokens": 192, "ignore_eos": True}
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=server, timeout=TIMEOUT_S) as http:
+            early = [asyncio.create_task(http.post("/v1/chat/completions", json={
+                **long_body, "messages": chat(f"count from {n} to 99")})) for n in (10, 20)]
+            deadline = time.time() + 60
+            while (await http.get("/health")).json()["running"] < 2:
+                assert time.time() < deadline, "the early requests never started"
+                await asyncio.sleep(0.05)
+            late = await http.post("/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 32, "messages": chat("count from 1 to 5")})
+            return [(await task).json() for task in early], late.json()
+
+    early, late = asyncio.run(scenario())
+    early_finish = min(response["blockserve"]["finish_time"] for response in early)
+    late_info = late["blockserve"]
+    assert late_info["arrival_time"] > max(r["blockserve"]["first_scheduled_time"] for r in early)
+    assert late_info["first_scheduled_time"] < early_finish  # joined at a block boundary mid-run
+    assert late_info["finish_time"] < early_finish  # and, being short, left before them
+    assert all(response["blockserve"]["num_blocks"] == 6 for response in early)
+
+
+def test_overload_gets_429_with_retry_after_and_every_accepted_request_completes(server):
+    small = f"{server}/small"
+    body = {"model": MODEL, "max_tokens": 96, "ignore_eos": True}  # 3 blocks: rows stay busy
+
+    async def burst():  # 16 at once against 2 rows + 2 waiting places
+        async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+            return await asyncio.gather(*(http.post(f"{small}/v1/chat/completions", json={
+                **body, "messages": chat(f"count from {n} to 60")}) for n in range(16)))
+
+    responses = asyncio.run(burst())
+    statuses = [response.status_code for response in responses]
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses.count(429) >= 1 and statuses.count(200) >= 2, statuses
+    for response in responses:
+        if response.status_code == 429:
+            assert response.headers["retry-after"] == "2"
+            assert response.json()["error"]["code"] == "rate_limit_exceeded"
+        else:
+            assert response.json()["choices"][0]["finish_reason"] == "length"
+    assert metric(small, "blockserve_requests_rejected_total") == statuses.count(429)
+    health = httpx.get(f"{small}/health", timeout=10).json()
+    assert health == {**health, "status": "ok", "waiting": 0, "running": 0}
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"model": MODEL}, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": 42}, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": ""}, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": "8"}, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 100_000}, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "temperature": "hot"}, "temperature"),
+    ("/v1/completions", {"model": "gpt-4o", "prompt": "hi"}, "model"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 2}, "n"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream"),
+    ("/v1/chat/completions", {"model": MODEL}, "messages"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user"}]}, "messages.0.content"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": chat("x" * 600)}, "messages"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": chat("count from 1 to 200 " * 3),
+                              "max_tokens": 480}, "max_tokens"),  # allowed alone, too long with this prompt
+    ("/v1/completions", None, None),  # not JSON at all
+])
+def test_bad_requests_get_400_naming_the_field(server, path, body, param):
+    if body is None:
+        response = httpx.post(f"{server}{path}", content=b"{not json", timeout=10,
+                              headers={"content-type": "application/json"})
+    else:
+        response = httpx.post(f"{server}{path}", json=body, timeout=10)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert error["param"] == param
+    assert httpx.get(f"{server}/health", timeout=10).status_code == 200
+
+
+def test_disconnected_stream_is_aborted_at_the_next_block_boundary(server):
+    aborted_before = metric(server, "blockserve_requests_total", finish_reason="abort")
+    body = {"model": MODEL, "messages": chat("count from 1 to 200"), "max_tokens": 448,
+            "ignore_eos": True, "stream": True}  # 14 blocks: far longer than the test waits
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=TIMEOUT_S) as response:
+        first = next(line for line in response.iter_lines() if line.startswith("data: "))
+        assert json.loads(first[len("data: "):])["choices"][0]["finish_reason"] is None
+    # leaving the block closed the connection mid-stream
+    wait_until(lambda: metric(server, "blockserve_requests_total", finish_reason="abort")
+               >= aborted_before + 1, what="the abort to be counted")
+    assert metric(server, "blockserve_requests_total", finish_reason="abort") == aborted_before + 1
+    wait_until(lambda: httpx.get(f"{server}/health", timeout=10).json()["running"] == 0,
+               what="the aborted row to leave the batch")
+
+
+def test_metrics_report_queue_rows_box_compute_ratio_throughput_and_latency(server):
+    text = httpx.get(f"{server}/metrics", timeout=10).text
+    for name in ("blockserve_queue_depth", "blockserve_running_rows", "blockserve_bounding_box_tokens",
+                 "blockserve_effective_compute_ratio", "blockserve_tokens_per_second",
+                 "blockserve_request_latency_seconds_bucket", "blockserve_time_to_first_block_seconds",
+                 "blockserve_requests_rejected_total", "blockserve_engine_loop_healthy"):
+        assert name in text, name
+    assert metric(server, "blockserve_request_latency_seconds_count") > 0
+    assert metric(server, "blockserve_bounding_box_tokens") > 0
+
+
+# -- the loop on its own (no Serve) -----------------------------------------------------------------
+def run_loop(engine: BlockServeEngine, prompts: list, *, pause_s: float = 0.0, **options):
+    """Submit prompts to a fresh EngineLoop (pause_s apart) and collect (stream, last event or error)."""
+    from actors.serve_loop import EngineLoop
+
+    async def scenario():
+        loop = EngineLoop(engine, **options).start()
+        streams = []
+        for index, prompt in enumerate(prompts):
+            streams.append(loop.submit(f"r{index}", prompt, SamplingParams(max_new_tokens=32)))
+            await asyncio.sleep(pause_s)
+
+        async def last(stream):
+            try:
+                return [event async for event in stream][-1]
+            except Exception as error:
+                return error
+
+        results = await asyncio.wait_for(asyncio.gather(*(last(s) for s in streams)), TIMEOUT_S)
+        health = loop.health_problem()
+        loop.stop()
+        return streams, results, health
+
+    return asyncio.run(scenario())
+
+
+def test_a_dead_engine_loop_fails_its_callers_and_reports_unhealthy(reference):
+    from actors.serve_loop import EngineDeadError
+
+    engine = BlockServeEngine(reference.lm, EngineConfig(**SMALL_ENGINE))
+
+    def broken_step():
+        raise RuntimeError("device lost")
+
+    engine.step = broken_step
+    _, results, health = run_loop(engine, [chat("count from 1 to 3")])
+    assert isinstance(results[0], EngineDeadError) and "device lost" in str(results[0])
+    assert health is not None and "device lost" in health
+
+
+def test_a_stuck_engine_loop_reports_unhealthy(reference):
+    engine = BlockServeEngine(reference.lm, EngineConfig(**SMALL_ENGINE))
+    step = engine.step
+
+    def slow_step():
+        time.sleep(1.0)
+        return step()
+
+    engine.step = slow_step
+    from actors.serve_loop import EngineLoop
+
+    async def scenario():
+        loop = EngineLoop(engine, stall_timeout_s=0.3).start()
+        stream = loop.submit("r0", chat("count from 1 to 3"), SamplingParams(max_new_tokens=32))
+        await asyncio.sleep(0.7)
+        during = loop.health_problem()
+        _ = [event async for event in stream]
+        await asyncio.sleep(0.1)
+        after = loop.health_problem()
+        loop.stop()
+        return during, after
+
+    during, after = asyncio.run(scenario())
+    assert during is not None and "has not completed a block cycle" in during
+    assert after is None
+
+
+def test_static_batching_collects_a_batch_until_the_timeout(reference):
+    engine = BlockServeEngine(reference.lm, EngineConfig(**SMALL_ENGINE, schedule="static"))
+    streams, results, _ = run_loop(engine, [chat("count from 1 to 3")], batching="static",
+                                   static_batch_timeout_s=0.5)
+    assert results[0].output is not None
+    assert streams[0].first_scheduled_time - streams[0].arrival_time >= 0.5
+    streams, _, _ = run_loop(engine, [chat("count from 1 to 3"), chat("count from 2 to 9")],
+                             batching="static", static_batch_timeout_s=30.0)
+    assert streams[0].first_scheduled_time == streams[1].first_scheduled_time  # a full batch goes at once
+
+
+# -- configs ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["serve-tiny.yaml", "serve-llada-8b.yaml"])
+def test_serve_configs_validate(name):
+    from ray.serve.schema import ServeDeploySchema
+
+    from actors.serve_app import DEPLOYMENT_NAME, ServeAppConfig
+
+    config = ServeDeploySchema.model_validate(yaml.safe_load((REPO_ROOT / "configs" / name).read_text()))
+    (app,) = config.applications
+    assert app.import_path == "actors.serve_app:build_app"
+    ServeAppConfig.model_validate(app.args)
+    assert [deployment.name for deployment in app.deployments] == [DEPLOYMENT_NAME]
+
+
+def test_serve_app_config_rejects_unknown_keys_and_inconsistent_batching():
+    from actors.serve_app import ServeAppConfig
+
+    with pytest.raises(ValueError, match="max_pendng"):
+        ServeAppConfig.model_validate({"max_pendng": 3})
+    with pytest.raises(ValueError, match="blok_length"):
+        ServeAppConfig.model_validate({"engine": {"blok_length": 32}})
+    with pytest.raises(ValueError, match="schedule"):
+        ServeAppConfig.model_validate({"batching": "static"})
