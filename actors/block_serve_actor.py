@@ -49,7 +49,8 @@ class BlockServeActor:
                  device: str | None = None, torch_threads: int | None = None,
                  stats_actor: str | None = None, fail_after_rows: int | None = None,
                  fail_mode: Literal["crash", "error"] = "crash"):
-        """``engine``/``sampling``: EngineConfig / SamplingParams fields (unknown keys raise ValueError).
+        """``engine``/``sampling``: EngineConfig / SamplingParams fields (unknown keys raise ValueError);
+        ``sort_pending`` defaults to False here (see below).
         ``chat_template``: wrap a plain-string prompt as one user message. ``device``: None picks CUDA
         when present. ``fail_after_rows``: fault injection for tests; once that many rows are done, the
         next batch crashes the actor (``"crash"``: the process exits, once; Ray restarts it and retries
@@ -61,8 +62,13 @@ class BlockServeActor:
         self.prompt_column = prompt_column
         self.chat_template = chat_template
         self.default_params = SamplingParams.from_dict(sampling or {})
-        self.engine = BlockServeEngine.from_pretrained(
-            model, EngineConfig.from_dict(engine or {}), device=self.device, dtype=dtype)
+        # Admission in arrival order unless told otherwise: with length-sorted admission, rows of every
+        # in-flight batch interleave and all those batches finish together, leaving the engine empty
+        # while Ray Data hands over the next ones. In arrival order batches finish one by one, and the
+        # next batch is queued long before the engine runs dry. (The pipeline's batches each hold rows
+        # of similar length already.)
+        engine_config = EngineConfig.from_dict({"sort_pending": False, **(engine or {})})
+        self.engine = BlockServeEngine.from_pretrained(model, engine_config, device=self.device, dtype=dtype)
         self.actor_id, self.node_id, self.restarted = _placement()
         self.instance_id = uuid.uuid4().hex
         self.utilization = UtilizationSampler(self.device)

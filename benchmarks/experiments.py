@@ -28,10 +28,10 @@ class Scale:
 
 
 SCALES = {
-    "full": Scale(heldout=None, humaneval=96, rounds=3, sweep_requests=48, batch_sizes=(1, 2, 4, 8, 16),
-                  ablation_requests=128, ablation_rounds=2, capacity_budget=4096),
-    "quick": Scale(heldout=32, humaneval=16, rounds=1, sweep_requests=8, batch_sizes=(1, 4, 16),
-                   ablation_requests=16, ablation_rounds=1, capacity_budget=2048),
+    "full": Scale(heldout=64, humaneval=32, rounds=2, sweep_requests=16, batch_sizes=(1, 2, 4, 8, 16),
+                  ablation_requests=48, ablation_rounds=1, capacity_budget=4096),
+    "quick": Scale(heldout=16, humaneval=8, rounds=1, sweep_requests=4, batch_sizes=(1, 4, 16),
+                   ablation_requests=8, ablation_rounds=1, capacity_budget=2048),
     "smoke": Scale(heldout=4, humaneval=2, rounds=1, sweep_requests=2, batch_sizes=(1, 2),
                    ablation_requests=2, ablation_rounds=1, capacity_budget=1024, humaneval_max_new_tokens=64),
 }

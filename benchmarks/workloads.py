@@ -40,13 +40,24 @@ def chat(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-def tiny_tasks(split: str = "heldout", count: int | None = None, max_new_tokens: int = 256) -> Workload:
-    """Counting tasks from ``assets/data/{split}.jsonl`` in file order."""
+def tiny_tasks(split: str = "heldout", count: int | None = None, max_new_tokens: int = 256,
+               oracle_lengths: bool = False) -> Workload:
+    """Counting tasks from ``assets/data/{split}.jsonl`` in file order.
+
+    oracle_lengths: instead of trusting the model's EOS, cap each request at its true answer length
+    plus the EOS (``stop_at_eos=False``): the convergence heterogeneity a model that ends its answers
+    in the right block would show, whatever the model actually writes.
+    """
     rows = read_jsonl(DATA_DIR / f"{split}.jsonl")[:count]
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_at_eos=True)
-    return Workload(name=f"tiny-{split}", prompts=[chat(row["prompt"]) for row in rows],
-                    params=[params] * len(rows), answers=[row["answer"] for row in rows],
-                    notes={"source": f"assets/data/{split}.jsonl", "requests": len(rows)})
+    params = [SamplingParams(max_new_tokens=min(len(row["answer"]) + 1, max_new_tokens) if oracle_lengths
+                             else max_new_tokens, temperature=0.0, stop_at_eos=not oracle_lengths)
+              for row in rows]
+    return Workload(name=f"tiny-{split}" + ("-oracle-lengths" if oracle_lengths else ""),
+                    prompts=[chat(row["prompt"]) for row in rows], params=params,
+                    answers=None if oracle_lengths else [row["answer"] for row in rows],
+                    notes={"source": f"assets/data/{split}.jsonl", "requests": len(rows),
+                           "lengths": "true answer length + EOS, no early stop" if oracle_lengths
+                           else f"model's EOS, cap {max_new_tokens}"})
 
 
 def humaneval_problems() -> list[dict]:

@@ -66,11 +66,18 @@ class PipelineConfig(_Section):
     id_column: str = "id"  # resume key; generated from the row's content when the input lacks it
     chat_template: bool = True  # wrap a plain-string prompt as one user chat message
     overwrite: bool = False  # True: delete earlier outputs instead of resuming from them
-    engine: EngineConfig = EngineConfig()
+    engine: EngineConfig = EngineConfig(sort_pending=False)
     sampling: SamplingParams = SamplingParams()
     actors: ActorsConfig = ActorsConfig()
     bucketing: BucketingConfig = BucketingConfig()
     fault: FaultConfig = FaultConfig()
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _arrival_order_admission(cls, value: object) -> object:
+        """Same default as BlockServeActor: batches arrive bucketed by length, and admitting them in
+        arrival order lets them finish one by one (see actors/block_serve_actor.py)."""
+        return {"sort_pending": False, **value} if isinstance(value, dict) else value
 
     @field_validator("sampling")
     @classmethod

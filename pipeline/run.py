@@ -94,10 +94,29 @@ def actor_kwargs(config: PipelineConfig, registry_name: str) -> dict:
             "fail_after_rows": config.fault.fail_after_rows, "fail_mode": config.fault.mode}
 
 
+def generate(ds: ray.data.Dataset, config: PipelineConfig, num_actors: int,
+             registry_name: str) -> ray.data.Dataset:
+    """``ds`` through one BlockServeActor per GPU (or ``num_actors`` CPU actors)."""
+    from actors.block_serve_actor import BlockServeActor
+
+    ds = ds.map_batches(
+        BlockServeActor, batch_format="pyarrow", batch_size=config.actors.batch_size,
+        # an actor holds only the batches it runs at once; the other blocks wait for a free actor
+        compute=ray.data.ActorPoolStrategy(
+            size=num_actors, max_concurrent_calls_per_actor=config.actors.max_concurrent_batches,
+            max_tasks_in_flight_per_actor=config.actors.max_concurrent_batches),
+        num_cpus=config.actors.num_cpus, num_gpus=config.actors.num_gpus or None,
+        fn_constructor_kwargs=actor_kwargs(config, registry_name))
+    ds.context.execution_options.preserve_order = False  # inherited from ``prepare``; not needed here
+    # dispatch only once every engine is loaded: otherwise the first actor up takes the first blocks
+    # while the rest still load, and a short job ends up on one actor
+    ds.context.wait_for_min_actors_s = config.actors.startup_timeout_s
+    return ds
+
+
 def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     """Run the job on the connected Ray cluster; returns the stats written to stats.json (None if
     every row was already done)."""
-    from actors.block_serve_actor import BlockServeActor
     from actors.stats_registry import start_stats_registry
 
     outputs_dir = storage.join(storage.absolute(config.output), "outputs")
@@ -124,23 +143,13 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
 
     registry_name = f"blockserve-stats-{uuid.uuid4().hex[:12]}"
     registry = start_stats_registry(registry_name)
-    ds = ds.map_batches(
-        BlockServeActor, batch_format="pyarrow", batch_size=config.actors.batch_size,
-        # an actor holds only the batches it runs at once; the other blocks wait for a free actor
-        compute=ray.data.ActorPoolStrategy(
-            size=num_actors, max_concurrent_calls_per_actor=config.actors.max_concurrent_batches,
-            max_tasks_in_flight_per_actor=config.actors.max_concurrent_batches),
-        num_cpus=config.actors.num_cpus, num_gpus=config.actors.num_gpus or None,
-        fn_constructor_kwargs=actor_kwargs(config, registry_name))
-    ds.context.execution_options.preserve_order = False  # inherited from ``prepare``; not needed here
-    # dispatch only once every engine is loaded: otherwise the first actor up takes the first blocks
-    # while the rest still load, and a short job ends up on one actor
-    ds.context.wait_for_min_actors_s = config.actors.startup_timeout_s
-    started = time.time()
-    ds.write_parquet(outputs_dir)
-    wall_s = time.time() - started
-    snapshots = ray.get(registry.collect.remote())
-    ray.kill(registry)
+    try:
+        started = time.time()
+        generate(ds, config, num_actors, registry_name).write_parquet(outputs_dir)
+        wall_s = time.time() - started
+        snapshots = ray.get(registry.collect.remote())
+    finally:
+        ray.kill(registry)
 
     written = storage.read_column(outputs_dir, config.id_column)
     result = job_stats.aggregate(snapshots, wall_s, bin_tokens=config.engine.block_length)
@@ -149,8 +158,7 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
         "rows_already_done": len(done_ids), "rows_generated": rows_todo, "bucket_edges": edges,
         "output_rows": len(written), "output_unique_ids": len(set(written.to_pylist())),
         "wall_s": wall_s, "finished_at": time.time(), "settings": config.model_dump(mode="json")}
-    storage.write_bytes(storage.join(config.output, "stats.json"),
-                        json.dumps(result, indent=2).encode())
+    storage.write_bytes(storage.join(config.output, "stats.json"), json.dumps(result, indent=2).encode())
     latency_bins = job_stats.latency_samples_by_bin(snapshots, config.engine.block_length)
     storage.write_bytes(storage.join(config.output, "stats.png"), job_stats.plot_png(result, latency_bins))
     return result

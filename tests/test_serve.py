@@ -321,6 +321,20 @@ def test_metrics_report_queue_rows_box_compute_ratio_throughput_and_latency(serv
     assert metric(server, "blockserve_bounding_box_tokens") > 0
 
 
+def test_stop_strings_are_held_back_until_a_later_block_rules_them_out(reference):
+    from actors.openai_server import TextStream
+
+    tokenizer = reference.lm.tokenizer
+    text = TextStream(tokenizer, stops=["END"])
+
+    def encode(value: str) -> list[int]:
+        return tokenizer(value, add_special_tokens=False)["input_ids"]
+
+    assert text.add(encode("12 3 E")) == "12 3 "  # "E" may start "END": held back
+    assert text.add(encode("x 4 EN")) == "Ex 4 "
+    assert text.add(encode("D 5")) == "" and text.stopped and text.text == "12 3 Ex 4 "
+
+
 # -- the loop on its own (no Serve) -----------------------------------------------------------------
 def run_loop(engine: BlockServeEngine, prompts: list, *, pause_s: float = 0.0, **options):
     """Submit prompts to a fresh EngineLoop (pause_s apart) and collect (stream, last event or error)."""
