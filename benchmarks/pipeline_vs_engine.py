@@ -1,6 +1,6 @@
 """Does the Ray Data layer cost throughput? One BlockServeActor vs the bare engine, same prompts, one run.
 
-    python -m benchmarks.pipeline_vs_engine --rows 96 --caps 32,64,96,128 [--with-sequential]
+    python -m benchmarks.pipeline_vs_engine --rows 96 --caps 32,64,96,128 --repeats 3 [--with-sequential]
 
 Both sides run the same frozen copy of the model with the same torch threads. The bare engine gets every
 prompt at once (``engine.generate``). The pipeline feeds them through ``ray.data`` in batches to one
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -84,6 +85,11 @@ def run_pipeline(model: str, engine_config: dict, rows: list[dict], batch_size: 
             "end_to_end_s_incl_actor_startup": e2e_s}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median tokens/s (the upper median for an even count)."""
+    return sorted(runs, key=lambda run: run["tokens_per_s"])[len(runs) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=96)
@@ -93,13 +99,12 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=16, help="engine rows per block cycle")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
     parser.add_argument("--model", default="tiny")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating engine/pipeline runs")
     parser.add_argument("--with-sequential", action="store_true")
     args = parser.parse_args()
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
-    import shutil
-
     import ray
     import torch
 
@@ -118,9 +123,17 @@ def main() -> None:
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT), "RAY_AUTH_MODE": "disabled"}})
     result = {"rows": len(rows), "caps": caps, "batch_size": args.batch_size,
               "concurrency": args.concurrency, "engine_config": engine_config, "threads": args.threads}
-    result["engine"] = run_engine(model, engine_config, rows)
-    result["pipeline"] = run_pipeline(model, engine_config, rows, args.batch_size, args.concurrency,
-                                      args.threads)
+    # alternate the two sides and keep the median of each, so load from other processes on the machine
+    # (which varies over seconds) does not decide the comparison
+    engine_runs, pipeline_runs = [], []
+    for _ in range(args.repeats):
+        engine_runs.append(run_engine(model, engine_config, rows))
+        pipeline_runs.append(run_pipeline(model, engine_config, rows, args.batch_size, args.concurrency,
+                                          args.threads))
+    result["engine"] = median_run(engine_runs)
+    result["pipeline"] = median_run(pipeline_runs)
+    result["tokens_per_s_pairs"] = [[e["tokens_per_s"], p["tokens_per_s"]]
+                                    for e, p in zip(engine_runs, pipeline_runs)]
     if args.with_sequential:
         result["pipeline_one_batch_in_flight"] = run_pipeline(model, engine_config, rows, args.batch_size,
                                                               1, args.threads)

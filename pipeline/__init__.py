@@ -1,0 +1,1 @@
+"""The batch inference job on Ray Data: ``python -m pipeline.run --config configs/<name>.yaml``."""

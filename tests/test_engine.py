@@ -130,14 +130,14 @@ def test_sorted_admission_pads_less_than_arrival_order_on_a_skewed_workload(tiny
 
 
 def test_bad_requests_fail_alone_with_a_message(tiny_engine_factory, heldout_rows):
-    engine = tiny_engine_factory(dtype="float32", max_batch_size=4, token_budget=2000)
+    engine = tiny_engine_factory(dtype="float32", max_batch_size=4, token_budget=300)
     good = chat(heldout_rows[0]["prompt"])
     cases = {
         "empty": ("", SamplingParams(max_new_tokens=32)),
         "too_long": ([5] * (engine.lm.max_length + 1), SamplingParams(max_new_tokens=32)),
         "no_tokens": (good, SamplingParams(max_new_tokens=0)),
         "bad_ids": ([5, engine.lm.vocab_size + 7], SamplingParams(max_new_tokens=32)),
-        "never_fits": ([5] * 100, SamplingParams(max_new_tokens=2000)),
+        "never_fits": ([5] * 100, SamplingParams(max_new_tokens=256)),  # 356 > 300 tokens
         "not_a_prompt": (3.5, SamplingParams(max_new_tokens=32)),
     }
     prompts = [good] + [case[0] for case in cases.values()] + [good]
