@@ -44,6 +44,7 @@ class EngineLoop:
         self.stats: EngineStats = engine.stats()  # refreshed by the loop thread after each cycle
         self.first_submit_time: float | None = None
         self.last_finish_time: float | None = None
+        self.idle_s = 0.0  # time the engine sat empty between its first submission and later ones
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._futures: dict[str, Future] = {}
         self._failure: BaseException | None = None
@@ -93,10 +94,14 @@ class EngineLoop:
 
     def _admit(self, block: bool) -> bool:
         """Move queued submissions into the engine (waiting for one if idle); False means stop."""
+        waited_from = time.time()
         try:
             item = self._inbox.get(block=block)
         except queue.Empty:
             return True
+        if block and self.first_submit_time is not None and item is not _STOP:
+            gap = time.time() - max(waited_from, self.first_submit_time)
+            self.idle_s += max(gap, 0.0)  # the engine ran dry between batches: a bubble
         while item is not None:
             if item is _STOP:
                 return False

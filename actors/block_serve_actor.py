@@ -156,7 +156,7 @@ class BlockServeActor:
             "device": str(self.device), "model": self.model_name, "restarted": self.restarted,
             "sequence": self._sequence, "reported_at": time.time(),
             "rows": self._rows, "error_rows": self._error_rows, "batches": self._batches,
-            "busy_s": engine_stats["elapsed_s"], "active_s": self.loop.active_s,
+            "busy_s": engine_stats["elapsed_s"], "active_s": self.loop.active_s, "idle_s": self.loop.idle_s,
             "memory_peak_bytes": peak, "memory_peak_kind": peak_kind,
             "gpu_utilization": self.utilization.mean, "engine": engine_stats,
             "samples": {"num_generated_tokens": [s[0] for s in self._samples],

@@ -78,6 +78,7 @@ def run_pipeline(model: str, engine_config: dict, rows: list[dict], batch_size: 
     return {"generated_tokens": tokens, "active_s": snapshot["active_s"], "busy_s": snapshot["busy_s"],
             "tokens_per_s": tokens / snapshot["active_s"],
             "busy_fraction": snapshot["busy_s"] / snapshot["active_s"],
+            "idle_between_batches_s": snapshot["idle_s"],
             "useful_row_fraction": engine_stats["useful_row_fraction"],
             "effective_compute_ratio": engine_stats["effective_compute_ratio"],
             "padding_fraction": engine_stats["padding_fraction"],

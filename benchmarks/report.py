@@ -38,11 +38,13 @@ def throughput_section(tables: dict) -> list[str]:
         notes = ", ".join(f"{key} {value}" for key, value in table["workload_notes"].items())
         lines += [f"### {name}", "", f"Workload: {notes}. Outputs identical across systems: "
                   f"**{table['identical_outputs']}**.", ""]
+        block_digest = table["rows"][0]["outputs_digest"]
         lines += _table(
-            ["system", "tok/s (median)", "tok/s per round", "block speedup", "exact match",
+            ["system", "tok/s (median)", "tok/s per round", "block speedup", "exact match", "same tokens as block",
              "eff. compute ratio", "useful row frac.", "padding frac.", "sched. overhead", "denoise steps"],
             [[row["label"], row["tokens_per_s"], " / ".join(f"{v:.1f}" for v in row["tokens_per_s_all"]),
-              f"{row['speedup_of_block']:.2f}x", row["accuracy"], row["effective_compute_ratio"],
+              f"{row['speedup_of_block']:.2f}x", row["accuracy"], row["outputs_digest"] == block_digest,
+              row["effective_compute_ratio"],
               row["useful_row_fraction"], row["padding_fraction"],
               f"{row['scheduler_overhead_fraction']:.1%}", int(row["denoise_steps"])] for row in table["rows"]])
         lines.append("")

@@ -138,6 +138,9 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
         ds = data.route_by_length(prepared, edges, config.actors.batch_size)
     else:
         ds = prepared.repartition(target_num_rows_per_block=config.actors.batch_size, strict=True)
+    # the sort is a barrier anyway; finishing it first puts every batch in the object store before the
+    # actors start, instead of sort tasks competing with them for CPU and feeding them in bursts
+    ds = ds.materialize()
     num_actors = number_of_actors(config, -(-rows_todo // config.actors.batch_size))
     logger.info("%d rows to generate, length buckets at %s tokens, %d actor(s)", rows_todo, edges, num_actors)
 
@@ -145,7 +148,10 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     registry = start_stats_registry(registry_name)
     try:
         started = time.time()
-        generate(ds, config, num_actors, registry_name).write_parquet(outputs_dir)
+        # writes are light: a full CPU each would starve them on small nodes, and then Ray Data holds
+        # back the actors whose outputs pile up unwritten
+        generate(ds, config, num_actors, registry_name).write_parquet(
+            outputs_dir, ray_remote_args={"num_cpus": 0.25})
         wall_s = time.time() - started
         snapshots = ray.get(registry.collect.remote())
     finally:

@@ -37,6 +37,7 @@ def summarize(snapshots: list[dict], wall_s: float | None = None) -> dict:
         "busy_s": busy,
         "active_s": active,
         "busy_fraction": min(busy / active, 1.0) if active and wall_s is None else None,
+        "idle_between_batches_s": sum(s.get("idle_s", 0.0) for s in snapshots),
         "block_cycles": sum(s["engine"]["block_cycles"] for s in snapshots),
         "denoise_steps": sum(s["engine"]["denoise_steps"] for s in snapshots),
         "effective_compute_ratio": _weighted(snapshots, "effective_compute_ratio", "denoise_steps"),

@@ -76,7 +76,7 @@ def local_head():
     finally:
         head.send_signal(signal.SIGTERM)
         try:
-            head.wait(timeout=60)
+            head.wait(timeout=15)
         except subprocess.TimeoutExpired:
             head.kill()
         kill_leftovers(temp_dir)

@@ -153,7 +153,7 @@ def test_job_writes_every_row_once_with_outputs_and_stats(finished_run):
     assert stats["run"]["output_rows"] == stats["run"]["output_unique_ids"] == 12
     assert {a["actor_id"] for a in stats["per_actor"]} == {r["actor_id"] for r in rows}
     for key in ("tokens_per_s", "effective_compute_ratio", "useful_row_fraction", "padding_fraction",
-                "busy_s", "memory_peak_bytes", "gpu_utilization"):
+                "busy_s", "idle_between_batches_s", "memory_peak_bytes", "gpu_utilization"):
         assert key in totals
     assert (output / "stats.png").read_bytes()[:4] == b"\x89PNG"
 
