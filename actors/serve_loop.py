@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from engine import BlockServeEngine, EngineStats, RequestOutput, SamplingParams
-from engine.engine import BlockCycle
+from engine.engine import StepReport
 from engine.prompts import Prompt
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class CycleReport:
 
     num_waiting: int
     num_running: int
-    cycle: BlockCycle
+    cycle: StepReport
     stats: EngineStats
     finished: list[tuple[RequestStream, RequestOutput]]
 
@@ -205,7 +205,7 @@ class EngineLoop:
     def _step(self) -> None:
         started = time.time()
         finished = {output.request_id: output for output in self.engine.step()}
-        cycle = self.engine.last_cycle
+        cycle = self.engine.last_step
         ended = time.time()
         touched = list(dict.fromkeys([*cycle.new_token_ids, *finished]))
         with self._wakeup:

@@ -36,8 +36,8 @@ class ServeMetrics:
         self.loop_healthy = gauge("blockserve_engine_loop_healthy", "1 while the engine loop serves")
         self.generated_tokens = Counter("blockserve_generated_tokens", "Tokens in finished outputs",
                                         ["model"], registry=self.registry).labels(model_name)
-        self.block_cycles = Counter("blockserve_block_cycles", "Block cycles run", ["model"],
-                                    registry=self.registry).labels(model_name)
+        self.steps = Counter("blockserve_steps", "Denoising steps run (one forward each)", ["model"],
+                             registry=self.registry).labels(model_name)
         self.requests = Counter("blockserve_requests", "Requests finished by the engine, by reason",
                                 ["model", "finish_reason"], registry=self.registry)
         self.rejected = Counter("blockserve_requests_rejected", "Requests refused (429): queue full",
@@ -53,7 +53,7 @@ class ServeMetrics:
         self.queue_depth.set(report.num_waiting)
         self.running_rows.set(report.num_running)
         if report.cycle.num_rows:
-            self.block_cycles.inc()
+            self.steps.inc()
             self.bounding_box_tokens.set(report.cycle.bounding_box_tokens)
         self.effective_compute_ratio.set(report.stats.effective_compute_ratio)
         self.tokens_per_s.set(report.stats.tokens_per_s)

@@ -1,122 +1,193 @@
-"""The mixed-state batch: the only place that knows left padding, position ids and block indices.
+"""The persistent batch: the only place that knows slots, right alignment, positions and block columns.
 
-Rows are right-aligned (left-padded) into one ``[rows, width]`` tensor, each with its own prompt length
-and current block::
+Every running request owns a slot of a preallocated arena. Its row (prompt + canvas) sits right-aligned
+in the slot, so rows of any width share one column frame and a bounding box of width ``w`` is the last
+``w`` columns of the slots it holds::
 
-    row 0:  pad pad [ prompt 0      | blk | blk |>blk<| blk ]
-    row 1:  [ prompt 1 (longer)       |>blk<| blk | blk | blk ]
-    row 2:  pad pad pad pad [ p2 | blk |>blk<| blk ]          (shorter canvas: more pad)
-                                          >blk< = the row's active block
+    slot 0:  . . . . [ prompt 0         | blk | blk |>blk<| blk ]
+    slot 1:  . . [ prompt 1 (longer)          |>blk<| blk | blk ]
+    slot 2:  (free)
+    slot 3:  . . . . . . . . . [ prompt 3 | blk |>blk<| blk ]        + one scratch column
+                                              >blk< = the row's active block
 
-Every row carries position ids that start at 0 on its first real token, and pad columns are masked as
-keys, so a row's computation is the one it would have alone. Each row's active block is addressed by a
-``[rows, block_length]`` column index, so gather/scatter of the active blocks is one tensor op.
+Positions start at 0 on each row's first real token and the columns left of a row are masked as keys,
+so a row computes exactly what it would alone. Slots are handed out lowest first and a leaving row
+only returns its slot: nothing is copied.
 """
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
+from engine.models.loader import DiffusionLM
+from engine.models.transformer import KVArena, RefreshPart, WindowPart
 from engine.request import Request
+from engine.trace import ForwardRecord
 
 
 @dataclass
-class BlockBatch:
-    tokens: torch.Tensor  # [rows, width] left-padded prompt + canvas
-    positions: torch.Tensor  # [rows, width] 0 at each row's first real token (0 on pads)
-    key_mask: torch.Tensor  # [rows, width] True on real tokens
-    block_columns: torch.Tensor  # [rows, block_length] columns of each row's active block
-    block_indices: torch.Tensor  # [rows] index of the active block within the row's canvas
-    temperatures: torch.Tensor  # [rows]
-    seeds: torch.Tensor  # [rows] int64
-    num_real_tokens: int  # sum of row widths (the rest of the box is padding)
+class StepBatch:
+    """What one step runs, row by row (refresh rows first, then window rows). Data only."""
+
+    request_ids: list[str]
+    refresh: RefreshPart | None
+    window: WindowPart | None
+    slots: torch.Tensor  # [rows]
+    block_columns: torch.Tensor  # [rows, block_length] arena columns of each row's active block
+    steps: torch.Tensor  # [rows] denoising step within the row's current block
+    sampled_rows: list[int]  # rows with temperature > 0
+    noise_keys: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # seeds, global steps, canvas
+    # positions of the sampled rows (see decoding.gumbel_noise)
+    temperatures: torch.Tensor | None  # [len(sampled_rows)]
+    record: ForwardRecord
 
     @property
     def num_rows(self) -> int:
-        return self.tokens.shape[0]
+        return len(self.request_ids)
+
+
+class RowArena:
+    """Token ids, positions, key masks and (with a cache) keys/values for ``slots`` rows of ``width``."""
+
+    def __init__(self, lm: DiffusionLM, slots: int, width: int, block_length: int, cache_mode: str):
+        device = lm.device
+        self.width, self.block_length, self.cache_mode = width, block_length, cache_mode
+        self.mask_id, self.pad_id, self.logit_shift = lm.tokens.mask_id, lm.tokens.pad_id, lm.logit_shift
+        self.kv = KVArena(lm.model.config, slots, width, lm.dtype, device) if cache_mode != "none" else None
+        self.key_mask = (self.kv.key_mask if self.kv is not None
+                         else torch.zeros((slots, width + 1), dtype=torch.bool, device=device))
+        self.tokens = torch.full((slots, width), self.pad_id, dtype=torch.long, device=device)
+        self.positions = torch.zeros((slots, width), dtype=torch.long, device=device)
+        self._columns = torch.arange(width, device=device)
+        self._block_offsets = torch.arange(block_length, device=device)
+        self._free = list(range(slots))
 
     @property
-    def width(self) -> int:
-        return self.tokens.shape[1]
+    def num_bytes(self) -> int:
+        """Bytes of every tensor the arena holds (they are allocated once, here)."""
+        state = [self.tokens, self.positions] + ([] if self.kv is not None else [self.key_mask])
+        return sum(t.numel() * t.element_size() for t in state) + (self.kv.num_bytes if self.kv else 0)
 
     @property
-    def bounding_box_tokens(self) -> int:
-        return self.num_rows * self.width
+    def num_free_slots(self) -> int:
+        return len(self._free)
 
-    @property
-    def block_length(self) -> int:
-        return self.block_columns.shape[1]
+    # -- rows --------------------------------------------------------------------------------------
+    def row_start(self, request: Request) -> int:
+        """Arena column of the request's first prompt token."""
+        return self.width - request.width
 
-    def canvas_positions(self) -> torch.Tensor:
-        """[rows, block_length] position of each active-block token within its row's canvas."""
-        offsets = torch.arange(self.block_length, device=self.tokens.device)
-        return self.block_indices[:, None] * self.block_length + offsets
+    def block_start(self, request: Request) -> int:
+        """Arena column of the first token of the request's current block."""
+        return self.row_start(request) + request.block_start
 
-    def global_steps(self, step: int) -> torch.Tensor:
-        """[rows] a per-row counter of denoising steps that is unique across the row's blocks."""
-        return self.block_indices * self.block_length + step
+    def place(self, request: Request) -> None:
+        """Give the request a slot and write its row: pads, prompt, a canvas of masks."""
+        slot = heapq.heappop(self._free)
+        start = self.row_start(request)
+        prompt = torch.tensor(request.prompt_token_ids, dtype=torch.long).to(self.tokens.device)
+        self.tokens[slot, :start] = self.pad_id
+        self.tokens[slot, start:start + request.prompt_length] = prompt
+        self.tokens[slot, start + request.prompt_length:] = self.mask_id
+        self.positions[slot] = (self._columns - start).clamp(min=0)
+        self.key_mask[slot] = False
+        self.key_mask[slot, start:self.width] = True
+        request.slot = slot
 
-    def block_tokens(self) -> torch.Tensor:
-        return self.tokens.gather(1, self.block_columns)
+    def release(self, request: Request) -> None:
+        if request.slot is not None:
+            heapq.heappush(self._free, request.slot)
+            request.slot = None
 
-    def write_block(self, block_tokens: torch.Tensor) -> None:
-        self.tokens.scatter_(1, self.block_columns, block_tokens)
+    # -- one step ----------------------------------------------------------------------------------
+    def build_step(self, refresh: Sequence[Request], window: Sequence[Request]) -> StepBatch:
+        """Tensors for one step: ``refresh`` rows start a block (whole rows), ``window`` rows continue.
 
-    def hidden_columns(self, logit_shift: int) -> torch.Tensor:
-        """Columns whose hidden states predict the active blocks (one to the left for Dream)."""
-        return self.block_columns - logit_shift
+        Without a cache every step is a whole-row forward."""
+        if self.kv is None:
+            refresh, window = [*refresh, *window], []
+        refresh, window = sorted(refresh, key=_slot), sorted(window, key=_slot)
+        rows = [*refresh, *window]
+        device = self.tokens.device
+        slots = torch.tensor([r.slot for r in rows], dtype=torch.long, device=device)
+        block_starts = torch.tensor([self.block_start(r) for r in rows], dtype=torch.long, device=device)
+        refresh_part = self._refresh_part(refresh, slots[:len(refresh)], block_starts[:len(refresh)])
+        window_part = self._window_part(window, slots[len(refresh):], block_starts[len(refresh):])
+        sampled = [index for index, r in enumerate(rows) if r.params.temperature > 0]
+        noise_keys = temperatures = None
+        if sampled:
+            picked = [rows[index] for index in sampled]
+            block_indices = torch.tensor([r.block_index for r in picked], device=device)
+            steps = torch.tensor([r.step_in_block for r in picked], device=device)
+            noise_keys = (torch.tensor([r.seed for r in picked], dtype=torch.long, device=device),
+                          block_indices * self.block_length + steps,
+                          block_indices[:, None] * self.block_length + self._block_offsets)
+            temperatures = torch.tensor([float(r.params.temperature) for r in picked], device=device)
+        return StepBatch(
+            request_ids=[r.request_id for r in rows], refresh=refresh_part, window=window_part, slots=slots,
+            block_columns=block_starts[:, None] + self._block_offsets,
+            steps=torch.tensor([r.step_in_block for r in rows], dtype=torch.long, device=device),
+            sampled_rows=sampled, noise_keys=noise_keys, temperatures=temperatures,
+            record=self._record(refresh, window, refresh_part, window_part))
 
-    def dual_window(self, logit_shift: int) -> torch.Tensor:
-        """[rows, logit_shift + block_length]: the active block, plus the column before it for Dream."""
-        offsets = torch.arange(-logit_shift, self.block_length, device=self.tokens.device)
-        return self.block_columns[:, :1] + offsets
+    def _refresh_part(self, rows: Sequence[Request], slots: torch.Tensor,
+                      block_starts: torch.Tensor) -> RefreshPart | None:
+        """Whole rows, in the bounding box of the widest one."""
+        if not rows:
+            return None
+        first = self.width - max(r.width for r in rows)
+        read = block_starts[:, None] - first - self.logit_shift + self._block_offsets
+        return RefreshPart(tokens=self.tokens[slots, first:], positions=self.positions[slots, first:],
+                           key_mask=self.key_mask[slots, first:self.width], read_columns=read,
+                           slots=slots if self.kv is not None else None, first_column=first)
 
-    def prefix_window(self, logit_shift: int) -> torch.Tensor:
-        """[rows, w]: from the active block (minus the shift) to the row's end, left-aligned per row.
+    def _window_part(self, rows: Sequence[Request], slots: torch.Tensor,
+                     block_starts: torch.Tensor) -> WindowPart | None:
+        """dual: the block (and the column before it for a shifted family); prefix: block to row end.
 
-        Rows end at the same column, so windows are ragged; the missing tail of shorter windows points at
-        the cache's scratch column ``width``, which is never attended.
+        Prefix windows are ragged and left-aligned: a shorter row's missing tail points at the scratch
+        column, which is never attended.
         """
-        starts = self.block_columns[:, 0] - logit_shift
-        window = self.width - int(starts.min())
-        columns = starts[:, None] + torch.arange(window, device=self.tokens.device)
-        return columns.masked_fill(columns >= self.width, self.width)
-
-    def select_rows(self, rows: torch.Tensor) -> BlockBatch:
-        """A new batch holding only ``rows`` (their tokens copied): rows whose block is done leave."""
-        return BlockBatch(
-            tokens=self.tokens[rows], positions=self.positions[rows], key_mask=self.key_mask[rows],
-            block_columns=self.block_columns[rows], block_indices=self.block_indices[rows],
-            temperatures=self.temperatures[rows], seeds=self.seeds[rows],
-            num_real_tokens=int(self.key_mask[rows].sum()))
-
-    def gather_window(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokens and positions at ``columns`` (scratch columns read as column 0; they are discarded)."""
+        if not rows:
+            return None
+        starts = block_starts - self.logit_shift
+        if self.cache_mode == "dual":
+            length = self.block_length + self.logit_shift
+        else:
+            length = self.width - min(self.block_start(r) for r in rows) + self.logit_shift
+        columns = starts[:, None] + torch.arange(length, device=starts.device)
+        columns = columns.masked_fill(columns >= self.width, self.width)
         safe = columns.masked_fill(columns >= self.width, 0)
-        return self.tokens.gather(1, safe), self.positions.gather(1, safe)
+        slot_rows = slots[:, None]
+        first_slot = rows[0].slot
+        contiguous = all(r.slot == first_slot + index for index, r in enumerate(rows))
+        return WindowPart(tokens=self.tokens[slot_rows, safe], positions=self.positions[slot_rows, safe],
+                          columns=columns, slots=slots, context_start=self.width - max(r.width for r in rows),
+                          num_read=self.block_length,
+                          slot_range=(first_slot, first_slot + len(rows)) if contiguous else None)
+
+    def _record(self, refresh: Sequence[Request], window: Sequence[Request], refresh_part: RefreshPart | None,
+                window_part: WindowPart | None) -> ForwardRecord:
+        return ForwardRecord(
+            refresh_rows=len(refresh),
+            refresh_width=refresh_part.tokens.shape[1] if refresh_part is not None else 0,
+            window_rows=len(window),
+            window_tokens=window_part.tokens.shape[1] if window_part is not None else 0,
+            window_context=self.width - window_part.context_start if window_part is not None else 0,
+            logit_positions=(len(refresh) + len(window)) * self.block_length,
+            real_tokens=sum(r.width for r in (*refresh, *window)))
+
+    # -- reading and writing blocks ----------------------------------------------------------------
+    def block_tokens(self, batch: StepBatch) -> torch.Tensor:
+        """[rows, block_length] the rows' active blocks as they stand."""
+        return self.tokens[batch.slots[:, None], batch.block_columns]
+
+    def write_blocks(self, batch: StepBatch, blocks: torch.Tensor) -> None:
+        self.tokens[batch.slots[:, None], batch.block_columns] = blocks
 
 
-def build_block_batch(requests: Sequence[Request], pad_id: int, device: torch.device) -> BlockBatch:
-    """Left-pad the running requests' rows and index each row's active block."""
-    rows = pad_sequence([request.row_tokens for request in requests], batch_first=True,
-                        padding_value=pad_id, padding_side="left")
-    width = rows.shape[1]
-    widths = torch.tensor([request.width for request in requests], device=device)
-    pads = width - widths
-    columns = torch.arange(width, device=device)[None]
-    block_length = requests[0].block_length
-    block_starts = pads + torch.tensor([request.block_start for request in requests], device=device)
-    return BlockBatch(
-        tokens=rows,
-        positions=(columns - pads[:, None]).clamp(min=0),
-        key_mask=columns >= pads[:, None],
-        block_columns=block_starts[:, None] + torch.arange(block_length, device=device),
-        block_indices=torch.tensor([request.block_index for request in requests], device=device),
-        temperatures=torch.tensor([float(request.params.temperature) for request in requests],
-                                  device=device, dtype=torch.float64),
-        seeds=torch.tensor([request.seed for request in requests], device=device, dtype=torch.long),
-        num_real_tokens=int(widths.sum()),
-    )
+def _slot(request: Request) -> int:
+    return request.slot

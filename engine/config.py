@@ -5,9 +5,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-SCHEDULES = ("block", "static", "shrink")
+SCHEDULES = ("step", "block", "static", "shrink")
 CACHE_MODES = ("dual", "prefix", "none")
 DECODING_RULES = ("threshold", "quota", "factor")
+
+
+def blocks_needed(num_tokens: int, block_length: int) -> int:
+    """Whole blocks that hold ``num_tokens`` tokens."""
+    return -(-num_tokens // block_length)
 
 
 def _fail(field: str, message: str) -> None:
@@ -17,7 +22,9 @@ def _fail(field: str, message: str) -> None:
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     block_length: int = 32
-    schedule: str = "block"  # "block" (BlockServe) | "static" (Fast-dLLM) | "shrink" (Fast-dLLM v2 / dInfer)
+    # "step": rows advance block by block on their own, admission at every step (our default);
+    # "block": BlockServe's block cycles; "static": Fast-dLLM; "shrink": Fast-dLLM v2 / dInfer
+    schedule: str = "step"
     max_batch_size: int = 16
     token_budget: int | None = None  # bounding-box tokens (rows x widest row); None: derived, see below
     sort_pending: bool = True  # pending queue ordered by prompt length (else arrival order)
@@ -26,6 +33,8 @@ class EngineConfig:
     threshold: float = 0.9
     factor: float = 1.0
     steps_per_block: int | None = None  # cap on steps per block; the fixed step count in quota mode
+    max_model_len: int | None = None  # widest admissible row (prompt + canvas), sizes the KV arena;
+    # None: the model's maximum length, capped by the token budget
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_length, int) or self.block_length < 1:
@@ -50,6 +59,8 @@ class EngineConfig:
             if self.steps_per_block > self.block_length:
                 _fail("steps_per_block", f"{self.steps_per_block} exceeds block_length "
                       f"{self.block_length}: some steps would commit nothing")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            _fail("max_model_len", f"must be a positive int or None, got {self.max_model_len!r}")
         if self.decoding == "quota" and self.steps_per_block is None:
             _fail("steps_per_block", "quota decoding needs a fixed number of steps per block")
 
@@ -64,9 +75,14 @@ class EngineConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def resolved_token_budget(self, widest_admissible_row: int) -> int:
+    def resolved_token_budget(self, model_max_length: int) -> int:
         """The budget in force: the configured one, or ``max_batch_size`` widest admissible rows."""
-        return self.token_budget or self.max_batch_size * widest_admissible_row
+        return self.token_budget or self.max_batch_size * self.resolved_max_model_len(model_max_length)
+
+    def resolved_max_model_len(self, model_max_length: int) -> int:
+        """The widest row a request may have: configured, else the model's, and never over the budget."""
+        widest = min(self.max_model_len or model_max_length, model_max_length)
+        return min(widest, self.token_budget) if self.token_budget else widest
 
 
 @dataclass(frozen=True, slots=True)

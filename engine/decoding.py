@@ -11,8 +11,9 @@ Rules (Fast-dLLM / LLaDA):
   the block's masks (masks split evenly, the remainder going to the first steps), most confident first.
 * ``factor``: with masked confidences sorted c_1 >= c_2 >= ..., commit the largest prefix n such that
   (n + 1)(1 - c_n) < f, and at least one.
-A step cap (``steps_per_block``) commits whatever is still masked at the cap's last step, so a block
-always ends.
+Every rule ends: MASK is never a candidate token, each step commits at least one position, and the
+last allowed step (``steps_per_block``, or ``block_length`` at most) commits whatever is still masked,
+each with its best non-MASK token.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
 
 def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, positions: torch.Tensor,
                  vocab_size: int) -> torch.Tensor:
-    """Counter-based Gumbel noise ``[rows, block, vocab]`` in float64.
+    """Counter-based Gumbel noise ``[rows, block, vocab]`` in float32.
 
     The noise of a (request seed, denoising step, canvas position, token) is a pure function of those
     four numbers, so it does not depend on which other requests share the batch.
@@ -51,26 +52,35 @@ def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, positions: torch.Tens
     key = _hash32((seeds & _UINT32)[:, None] ^ _hash32(steps[:, None] & _UINT32))
     key = _hash32(key ^ positions)[..., None]
     bits = _hash32(key ^ _hash32(vocab + 0x9E3779B9 & _UINT32))
-    uniform = (bits.to(torch.float64) + 0.5) / 2.0**32
+    uniform = ((bits >> 8).to(torch.float32) + 0.5) / 2.0**24  # 24 bits: exact in float32, never 0 or 1
     return -torch.log(-torch.log(uniform))
 
 
-def propose_tokens(logits: torch.Tensor, temperatures: torch.Tensor, noise: torch.Tensor | None):
+@dataclass(frozen=True)
+class Sampling:
+    """The rows of a step that sample (temperature > 0), with their noise."""
+
+    rows: torch.Tensor  # [k] row indices
+    temperatures: torch.Tensor  # [k]
+    noise: torch.Tensor  # [k, block, vocab] from :func:`gumbel_noise`
+
+
+def propose_tokens(logits: torch.Tensor, mask_id: int, sampling: Sampling | None = None):
     """Candidate token ``x0`` and its confidence (softmax probability, noise-free) per position.
 
-    logits [rows, block, vocab]; temperatures [rows]; noise as from :func:`gumbel_noise` or None when
-    every row is greedy.
+    logits [rows, block, vocab], overwritten in place (MASK's column). MASK is never a candidate; the
+    confidence of a candidate is its probability under the full softmax, MASK included.
     """
     compute_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     logits = logits.to(compute_dtype)
+    log_normalizer = torch.logsumexp(logits, dim=-1)
+    logits[..., mask_id] = float("-inf")
     candidates = logits.argmax(dim=-1)
-    if noise is not None:
-        sampled_rows = temperatures > 0
-        scaled = logits.double() / temperatures.clamp(min=1e-6).double()[:, None, None] + noise
-        candidates = torch.where(sampled_rows[:, None], scaled.argmax(dim=-1), candidates)
+    if sampling is not None:
+        scaled = logits[sampling.rows] / sampling.temperatures.to(compute_dtype)[:, None, None] + sampling.noise
+        candidates[sampling.rows] = scaled.argmax(dim=-1)
     chosen = logits.gather(-1, candidates[..., None]).squeeze(-1)
-    confidence = torch.exp(chosen - torch.logsumexp(logits, dim=-1))
-    return candidates, confidence
+    return candidates, torch.exp(chosen - log_normalizer)
 
 
 def quota_for_step(num_masked_at_start: torch.Tensor, step: torch.Tensor, steps: int) -> torch.Tensor:
@@ -94,7 +104,7 @@ def select_commits(rule: DecodeRule, confidence: torch.Tensor, masked: torch.Ten
     """Which masked positions to commit now: bool ``[rows, block]``.
 
     step [rows]: 0-based denoising step within the current block; num_masked_at_start [rows].
-    Rows without masks commit nothing.
+    Rows without masks commit nothing. At the last allowed step every masked position commits.
     """
     ranks, sorted_scores = _rank_by_confidence(confidence, masked)
     if rule.kind == "threshold":
@@ -110,7 +120,5 @@ def select_commits(rule: DecodeRule, confidence: torch.Tensor, masked: torch.Ten
         commit = masked & (ranks < prefix[:, None])
     else:
         raise ValueError(f"unknown decoding rule {rule.kind!r}")
-    if rule.steps_per_block is not None:
-        at_cap = (step + 1 >= rule.steps_per_block)[:, None]
-        commit = commit | (masked & at_cap)
-    return commit
+    last_step = rule.steps_per_block or masked.shape[-1]
+    return commit | (masked & (step + 1 >= last_step)[:, None])

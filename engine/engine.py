@@ -1,4 +1,4 @@
-"""BlockServeEngine: the loop. schedule -> build the mixed batch -> run one block cycle -> evict."""
+"""BlockServeEngine: the loop. schedule -> run one denoising step of the mixed batch -> update."""
 from __future__ import annotations
 
 import itertools
@@ -10,23 +10,24 @@ from pathlib import Path
 
 import torch
 
-from engine.batch import build_block_batch
-from engine.config import EngineConfig, SamplingParams
+from engine.batch import RowArena
+from engine.config import EngineConfig, SamplingParams, blocks_needed
 from engine.models.loader import DiffusionLM, load_model
 from engine.prompts import Prompt, encode_prompt
 from engine.reference import trim_at_stop
 from engine.request import Request, RequestOutput, RequestStatus
-from engine.runner import ModelRunner
-from engine.scheduler import Scheduler
+from engine.runner import ModelRunner, StepOutput
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.stats import EngineStats, StatsCollector
+from engine.trace import ForwardRecord
 
 
 @dataclass(frozen=True)
-class BlockCycle:
-    """What the last ``step()``'s block cycle did (data only): for streaming and monitoring."""
+class StepReport:
+    """What the last ``step()`` did (data only): for streaming and monitoring."""
 
     new_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> tokens its
-    # block added to its output (trimmed at a stop token; empty past one or past its own cap)
+    # just-completed block added to its output (trimmed at a stop token; empty past one or its cap)
     num_rows: int = 0
     bounding_box_tokens: int = 0
 
@@ -36,14 +37,17 @@ class BlockServeEngine:
         self.lm = lm
         self.config = config or EngineConfig()
         self.token_budget = self.config.resolved_token_budget(lm.max_length)
-        self.scheduler = Scheduler(self.config, self.token_budget)
+        self.max_row_width = self.config.resolved_max_model_len(lm.max_length)
+        self.scheduler = Scheduler(self.config, self.token_budget, self.max_row_width)
         self.runner = ModelRunner(lm, self.config)
+        self.arena = RowArena(lm, self.config.max_batch_size, self.max_row_width, self.config.block_length,
+                              self.config.cache)
         self.stats_collector = StatsCollector(self.config.max_batch_size)
         self._requests: dict[str, Request] = {}
         self._early_outputs: list[RequestOutput] = []  # rejected or aborted while pending
         self._sequence = itertools.count()
         self._seed_source = random.Random(0)
-        self.last_cycle = BlockCycle()
+        self.last_step = StepReport()
 
     @classmethod
     def from_pretrained(cls, model: str | Path, config: EngineConfig | None = None,
@@ -86,7 +90,7 @@ class BlockServeEngine:
             return str(error)
         except Exception as error:  # a tokenizer failure on odd input is still this request's problem
             return f"could not tokenize prompt: {type(error).__name__}: {error}"
-        request.cap_blocks = -(-request.params.max_new_tokens // self.config.block_length)
+        request.cap_blocks = blocks_needed(request.params.max_new_tokens, self.config.block_length)
         request.canvas_blocks = request.cap_blocks
         request.seed = request.params.seed if request.params.seed is not None else (
             self._seed_source.getrandbits(31))
@@ -96,10 +100,14 @@ class BlockServeEngine:
         if request.own_width > self.token_budget:
             return (f"request needs a row of {request.own_width} tokens, more than the whole token "
                     f"budget ({self.token_budget}); it can never be scheduled")
+        if request.own_width > self.max_row_width:
+            return (f"request needs a row of {request.own_width} tokens, wider than the engine's "
+                    f"max_model_len ({self.max_row_width})")
         return None
 
     def abort_request(self, request_id: str) -> None:
-        """A pending request leaves now; a running one is evicted at the next block boundary."""
+        """A pending request leaves now; a running one leaves when its current block is complete
+        (at the next block boundary for the block-cycle schedules)."""
         request = self._requests.get(request_id)
         if request is None or request.is_finished:
             return
@@ -123,55 +131,51 @@ class BlockServeEngine:
 
     # -- the loop ----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run ONE block cycle; return the requests that finished at its end (and any rejected)."""
+        """Run ONE denoising step; return the requests that finished at its end (and any rejected)."""
         started = time.perf_counter()
-        finished, self._early_outputs = self._early_outputs, []
-        self.last_cycle = BlockCycle()
         plan = self.scheduler.schedule(time.time())
         for request in plan.admitted:
-            self._allocate_row(request)
-        if plan.rows:
-            finished += self._run_cycle(plan.rows)
+            self.arena.place(request)
+        output = self._run(plan)
+        finished, self._early_outputs = self._early_outputs, []
+        finished += [self._finish(request) for request in self.scheduler.update(output)]
         self.stats_collector.add_elapsed(time.perf_counter() - started)
         return finished
 
-    def _allocate_row(self, request: Request) -> None:
-        row = torch.full((request.width,), self.lm.tokens.mask_id, dtype=torch.long, device=self.lm.device)
-        row[:request.prompt_length] = torch.tensor(request.prompt_token_ids, device=self.lm.device)
-        request.row_tokens = row
+    def _run(self, plan: SchedulerOutput) -> StepOutput:
+        if not plan.num_rows:
+            self.last_step = StepReport()
+            return StepOutput(rows={}, model_time_s=0.0)
+        batch = self.arena.build_step(plan.refresh, plan.window)
+        output = self.runner.run_step(batch, self.arena)
+        self._account(plan, batch.record, output)
+        return output
 
-    def _run_cycle(self, rows: list[Request]) -> list[RequestOutput]:
-        batch = build_block_batch(rows, self.lm.tokens.pad_id, self.lm.device)
-        unfinished = torch.tensor([r.is_decoding_own_output for r in rows], device=self.lm.device)
-        result = self.runner.run_block_cycle(batch)
-        self.stats_collector.record_cycle(
-            has_masks=result.has_masks, unfinished=unfinished, box_tokens=batch.bounding_box_tokens,
-            real_tokens=batch.num_real_tokens, model_time_s=result.model_time_s)
-        stop_ids = torch.tensor(self.lm.tokens.stop_ids, device=self.lm.device)
-        stop_found = torch.isin(result.block_tokens, stop_ids).any(-1).tolist()
-        for request, block, steps in zip(rows, result.block_tokens, result.steps_per_row):
-            request.row_tokens[request.block_start:request.block_start + self.config.block_length] = block
-            request.num_steps += steps
-        self.last_cycle = BlockCycle(
-            new_token_ids={request.request_id: self._output_part(request, block)
-                           for request, block in zip(rows, result.block_tokens.tolist())},
-            num_rows=batch.num_rows, bounding_box_tokens=batch.bounding_box_tokens)
-        return [self._finish(request) for request in self.scheduler.finish_boundary(stop_found)]
+    def _account(self, plan: SchedulerOutput, record: ForwardRecord, output: StepOutput) -> None:
+        rows = {request.request_id: request for request in (*plan.refresh, *plan.window)}
+        completed = {request_id: rows[request_id] for request_id, result in output.rows.items()
+                     if result.block_complete}
+        self.stats_collector.record_step(
+            record, useful_rows=sum(request.is_decoding_own_output for request in rows.values()),
+            unfinished_requests=sum(request.is_decoding_own_output for request in self.scheduler.running),
+            pending_requests=self.scheduler.num_pending,
+            blocks_completed=len(completed), model_time_s=output.model_time_s)
+        self.last_step = StepReport(
+            new_token_ids={request_id: self._output_part(request, output.rows[request_id].block_tokens)
+                           for request_id, request in completed.items()},
+            num_rows=record.rows, bounding_box_tokens=record.bounding_box_tokens)
 
     def _output_part(self, request: Request, block: list[int]) -> list[int]:
-        """The part of the block just decoded that belongs to the request's output (see ``_finish``)."""
+        """The part of a block about to complete that belongs to the request's output (see ``_finish``)."""
         if request.stop_block is not None or request.block_index >= request.cap_blocks:
             return []
         return trim_at_stop(block, self.lm.tokens.stop_ids)[0]
 
     def _finish(self, request: Request) -> RequestOutput:
         request.finish_time = time.time()
-        token_ids: list[int] = []
-        if request.row_tokens is not None:
-            own_end = request.prompt_length + min(request.block_index, request.cap_blocks) * request.block_length
-            generated = request.row_tokens[request.prompt_length:own_end].tolist()
-            token_ids, _ = trim_at_stop(generated, self.lm.tokens.stop_ids)
-            request.row_tokens = None  # the row's memory goes back with it
+        own_blocks = request.committed_blocks[:request.cap_blocks]
+        token_ids, _ = trim_at_stop([token for block in own_blocks for token in block], self.lm.tokens.stop_ids)
+        self.arena.release(request)  # its slot goes back; nothing is copied
         if request.status != RequestStatus.FINISHED_ERROR:
             self.stats_collector.record_finished(len(token_ids))
         del self._requests[request.request_id]

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.decoding import DecodeRule, gumbel_noise, propose_tokens, select_commits
+from engine.config import blocks_needed
+from engine.decoding import DecodeRule, Sampling, gumbel_noise, propose_tokens, select_commits
 from engine.models.loader import DiffusionLM
+from engine.models.transformer import KVArena, RefreshPart, WindowPart
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,6 @@ class ReferenceResult:
     finish_reason: str  # "eos" | "length"
     num_blocks: int
     num_steps: int
-
-
-def num_canvas_blocks(max_new_tokens: int, block_length: int) -> int:
-    return -(-max_new_tokens // block_length)
 
 
 def trim_at_stop(token_ids: list[int], stop_ids: tuple[int, ...]) -> tuple[list[int], bool]:
@@ -53,7 +51,7 @@ def reference_generate(
         raise ValueError("prompt is empty")
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
-    num_blocks = num_canvas_blocks(max_new_tokens, block_length)
+    num_blocks = blocks_needed(max_new_tokens, block_length)
     prompt_length = len(prompt_ids)
     width = prompt_length + num_blocks * block_length
     if width > lm.max_length:
@@ -63,37 +61,40 @@ def reference_generate(
     canvas[0, :prompt_length] = torch.tensor(prompt_ids, device=device)
     positions = torch.arange(width, device=device)[None]
     key_mask = torch.ones(1, width, dtype=torch.bool, device=device)
-    temperatures = torch.tensor([temperature], device=device)
     seeds = torch.tensor([seed], dtype=torch.long, device=device)
+    arena = KVArena(lm.model.config, 1, width, lm.dtype, device) if cache != "none" else None
+    if arena is not None:
+        arena.key_mask[0, :width] = True
+    slot = torch.zeros(1, dtype=torch.long, device=device)
 
     total_steps, blocks_run, stopped = 0, 0, False
     for block in range(num_blocks):
         start, end = prompt_length + block * block_length, prompt_length + (block + 1) * block_length
-        step, cache_state = 0, None
+        step = 0
         while (canvas[0, start:end] == mask_id).any():
             if step == 0 or cache == "none":
-                hidden, cache_state = lm.model.forward_full(
-                    canvas, positions, key_mask, build_cache=cache != "none")
-                block_hidden = hidden[:, start - shift:end - shift]
+                read = torch.arange(start - shift, end - shift, device=device)[None]
+                refresh = RefreshPart(canvas, positions, key_mask, read, slot if arena is not None else None)
+                hidden = lm.model.forward_step(refresh, None, arena)
             else:
                 window_end = end if cache == "dual" else width
                 columns = torch.arange(start - shift, window_end, device=device)[None]
-                hidden = lm.model.forward_window(canvas[:, columns[0]], positions[:, columns[0]],
-                                                 columns, cache_state)
-                block_hidden = hidden[:, :block_length]
-            logits = lm.model.logits(block_hidden)
-            noise = None
+                window = WindowPart(canvas[:, columns[0]], positions[:, columns[0]], columns, slot,
+                                    context_start=0, num_read=block_length, slot_range=(0, 1))
+                hidden = lm.model.forward_step(None, window, arena)
+            logits = lm.model.logits(hidden)
+            sampling = None
             if temperature > 0:
                 canvas_positions = torch.arange(block * block_length, (block + 1) * block_length,
                                                 device=device)[None]
                 global_step = torch.tensor([block * block_length + step], device=device)
-                noise = gumbel_noise(seeds, global_step, canvas_positions, logits.shape[-1])
-            candidates, confidence = propose_tokens(logits, temperatures, noise)
+                sampling = Sampling(rows=torch.tensor([0], device=device),
+                                    temperatures=torch.tensor([float(temperature)], device=device),
+                                    noise=gumbel_noise(seeds, global_step, canvas_positions, logits.shape[-1]))
+            candidates, confidence = propose_tokens(logits, mask_id, sampling)
             masked = canvas[:, start:end] == mask_id
             commit = select_commits(rule, confidence, masked, torch.tensor([step], device=device),
-                                    masked.sum(-1) if step == 0 else masks_at_block_start)
-            if step == 0:
-                masks_at_block_start = masked.sum(-1)
+                                    torch.tensor([block_length], device=device))
             canvas[:, start:end] = torch.where(commit, candidates, canvas[:, start:end])
             step += 1
         total_steps += step

@@ -5,8 +5,6 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 
-import torch
-
 from engine.config import SamplingParams
 
 
@@ -72,10 +70,13 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     cap_blocks: int = 0  # the request's own block cap: ceil(max_new_tokens / block_length)
     canvas_blocks: int = 0  # blocks on its canvas (= cap, or the batch's largest for static/shrink)
-    block_index: int = 0
+    block_index: int = 0  # the block being decoded; once it is complete, the number of blocks done
+    block_complete: bool = False  # its block has no mask left and the next one has not started
+    step_in_block: int = 0  # denoising steps taken in the current block
+    slot: int | None = None  # its row in the engine's arena while it runs
+    committed_blocks: list[list[int]] = field(default_factory=list)  # completed blocks, on the host
     num_steps: int = 0
     stop_block: int | None = None  # first block in which a stop token was committed
-    row_tokens: torch.Tensor | None = None  # [width] on the model's device, set at admission
     first_scheduled_time: float | None = None
     finish_time: float | None = None
     abort_requested: bool = False
@@ -103,7 +104,16 @@ class Request:
         return self.status.is_finished
 
     @property
+    def has_stopped(self) -> bool:
+        """A completed block committed a stop token and the request honours it."""
+        return self.stop_block is not None and self.params.stop_at_eos
+
+    @property
+    def is_done(self) -> bool:
+        """Its own decoding is over: stopped, at its block cap, or aborted."""
+        return self.has_stopped or self.block_index >= self.cap_blocks or self.abort_requested
+
+    @property
     def is_decoding_own_output(self) -> bool:
         """False for a row kept in a static batch past its EOS or its own block cap (wasted work)."""
-        stopped = self.stop_block is not None and self.params.stop_at_eos
-        return not stopped and self.block_index < self.cap_blocks
+        return not self.has_stopped and self.block_index < self.cap_blocks

@@ -1,13 +1,20 @@
-"""Who runs in the next block cycle: queues, token-budget admission and eviction (policy only).
+"""Who runs at the next denoising step: queues, token-budget admission and eviction (policy only).
 
-Schedules:
-* ``block`` (BlockServe): at every block boundary, finished rows leave and pending requests join.
-  Admission first takes requests whose row fits the current bounding box's width, then widens the box
-  while ``rows x widest row <= token_budget`` holds.
-* ``shrink`` (Fast-dLLM v2, dInfer): finished rows leave at boundaries; nobody joins until the batch is
-  empty. One shared canvas (the batch's largest).
+A row whose block has no mask left is *complete*. What happens to it depends on the schedule:
+* ``step`` (ours): at the very next step it leaves (stop token committed, cap reached, aborted) or starts
+  its next block, while the other rows continue theirs; pending requests are admitted at every step.
+* ``block`` (BlockServe, the paper): a complete row waits, computing nothing, until every row's block
+  is complete (the block boundary); then finished rows leave, pending requests join, and every row
+  starts its next block together.
+Admission (both) first takes requests whose row fits the current bounding box's width, then widens the
+box while ``rows x widest row <= token_budget`` holds.
+* ``shrink`` (Fast-dLLM v2, dInfer): as ``block``, but nobody joins until the batch is empty. One shared
+  canvas (the batch's largest).
 * ``static`` (Fast-dLLM): one shared canvas, rows walk every block in lock-step, nobody leaves or joins
   until the whole batch is done (outputs are trimmed at EOS afterwards).
+
+The runner's results come back keyed by request id (:meth:`Scheduler.update`); this file is the only
+one that moves a request through its blocks.
 """
 from __future__ import annotations
 
@@ -16,20 +23,27 @@ from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from engine.request import Request, RequestStatus
+from engine.runner import StepOutput
 
 
 @dataclass
 class SchedulerOutput:
-    """The rows of the next block cycle, in row order, and which of them joined at this boundary."""
+    """What runs at the next step (data only)."""
 
-    rows: list[Request]
+    refresh: list[Request] = field(default_factory=list)  # rows starting a block (admitted ones too)
+    window: list[Request] = field(default_factory=list)  # rows continuing their block
     admitted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.refresh) + len(self.window)
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, token_budget: int):
+    def __init__(self, config: EngineConfig, token_budget: int, max_row_width: int):
         self.config = config
         self.token_budget = token_budget
+        self.max_row_width = max_row_width
         self.pending: list[tuple[tuple[int, int], Request]] = []  # sorted by queue key
         self.running: list[Request] = []
 
@@ -56,19 +70,30 @@ class Scheduler:
         return bool(self.pending or self.running)
 
     # -- admission ---------------------------------------------------------------------------------
+    @property
+    def at_block_boundary(self) -> bool:
+        """Every running row's block is complete (vacuously true for an empty batch)."""
+        return all(request.block_complete for request in self.running)
+
     def schedule(self, now: float) -> SchedulerOutput:
-        """Admit what the policy allows at this boundary; return the rows of the next cycle."""
-        if self.config.schedule == "block":
+        """Rows that start a block, rows that continue one, and whom the policy admits now."""
+        schedule = self.config.schedule
+        if schedule == "step":
             admitted = self._admit_continuous()
-        elif not self.running:
-            admitted = self._admit_fresh_batch()
+        elif schedule == "block":
+            admitted = self._admit_continuous() if self.at_block_boundary else []
         else:
-            admitted = []
+            admitted = [] if self.running else self._admit_fresh_batch()
         for request in admitted:
             request.status = RequestStatus.RUNNING
             request.first_scheduled_time = now
+        starting = [r for r in self.running if r.block_complete] if (
+            schedule == "step" or self.at_block_boundary) else []
+        for request in starting:
+            request.block_complete, request.step_in_block = False, 0
+        window = [r for r in self.running if not r.block_complete and r not in starting]
         self.running.extend(admitted)
-        return SchedulerOutput(rows=list(self.running), admitted=admitted)
+        return SchedulerOutput(refresh=starting + admitted, window=window, admitted=admitted)
 
     def _admit_continuous(self) -> list[Request]:
         rows = len(self.running)
@@ -79,7 +104,7 @@ class Scheduler:
             for key, request in self.pending:
                 new_width = max(box_width, request.width)
                 fits = (rows < self.config.max_batch_size
-                        and (may_grow or request.width <= box_width)
+                        and (may_grow or request.width <= box_width) and request.width <= self.max_row_width
                         and (rows + 1) * new_width <= self.token_budget)
                 if fits:
                     admitted.append(request)
@@ -97,8 +122,8 @@ class Scheduler:
             request = self.pending[0][1]
             new_prompt = max(prompt_width, request.prompt_length)
             new_canvas = max(canvas_blocks, request.cap_blocks)
-            box = (len(batch) + 1) * (new_prompt + new_canvas * self.config.block_length)
-            if batch and box > self.token_budget:
+            row_width = new_prompt + new_canvas * self.config.block_length
+            if batch and ((len(batch) + 1) * row_width > self.token_budget or row_width > self.max_row_width):
                 break
             batch.append(self.pending.pop(0)[1])
             prompt_width, canvas_blocks = new_prompt, new_canvas
@@ -106,27 +131,36 @@ class Scheduler:
             request.canvas_blocks = canvas_blocks
         return batch
 
-    # -- eviction ----------------------------------------------------------------------------------
-    def finish_boundary(self, stop_found: list[bool]) -> list[Request]:
-        """Advance every row past its block; evict the rows this schedule lets go now."""
-        for request, found in zip(self.running, stop_found):
-            if found and request.stop_block is None:
-                request.stop_block = request.block_index
-            request.block_index += 1
-        if self.config.schedule == "static":
-            batch_done = all(request.block_index >= request.canvas_blocks for request in self.running)
-            leaving = [r for r in self.running if batch_done or r.abort_requested]
-        else:
-            leaving = [r for r in self.running if self._is_done(r)]
+    # -- results ----------------------------------------------------------------------------------
+    def update(self, output: StepOutput) -> list[Request]:
+        """Apply a step's results (keyed by request id); return the requests that leave now."""
+        by_id = {request.request_id: request for request in self.running}
+        for request_id, result in output.rows.items():
+            request = by_id[request_id]
+            request.step_in_block += 1
+            request.num_steps += 1
+            if result.block_complete:
+                request.committed_blocks.append(result.block_tokens)
+                if result.stop_found and request.stop_block is None:
+                    request.stop_block = request.block_index
+                request.block_index += 1
+                request.block_complete = True
+        leaving = self._leaving()
         leaving_ids = {id(request) for request in leaving}
         self.running = [request for request in self.running if id(request) not in leaving_ids]
         for request in leaving:
             request.status = self._final_status(request)
         return leaving
 
-    def _is_done(self, request: Request) -> bool:
-        stopped = request.stop_block is not None and request.params.stop_at_eos
-        return stopped or request.block_index >= request.cap_blocks or request.abort_requested
+    def _leaving(self) -> list[Request]:
+        if self.config.schedule == "step":
+            return [r for r in self.running if r.block_complete and r.is_done]
+        if not self.running or not self.at_block_boundary:
+            return []
+        if self.config.schedule == "static":
+            batch_done = all(request.block_index >= request.canvas_blocks for request in self.running)
+            return [r for r in self.running if batch_done or r.abort_requested]
+        return [r for r in self.running if r.is_done]
 
     @staticmethod
     def _final_status(request: Request) -> RequestStatus:

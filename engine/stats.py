@@ -1,10 +1,13 @@
-"""Honest accounting of where the engine's time and compute went."""
+"""Honest accounting of where the engine's time and compute went, and the per-forward trace."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 from dataclasses import dataclass
 
-import torch
+from engine.trace import ForwardRecord
+
+TRACE_LIMIT = 200_000  # forwards kept for benchmarks (a long-running server keeps the latest ones)
 
 
 @dataclass
@@ -12,14 +15,20 @@ class EngineStats:
     generated_tokens: int = 0  # tokens in finished outputs (trimmed at EOS)
     finished_requests: int = 0
     elapsed_s: float = 0.0  # wall time inside step()
-    model_time_s: float = 0.0  # wall time inside forward passes
-    block_cycles: int = 0
-    denoise_steps: int = 0
+    model_time_s: float = 0.0  # wall time inside the runner (forward + decoding rule)
+    denoise_steps: int = 0  # steps that ran the model (one forward each)
+    forward_passes: int = 0  # model calls (= denoise_steps: a step packs its parts into one forward)
+    refresh_forwards: int = 0  # calls with a refresh part (rows starting a block)
+    window_forwards: int = 0  # calls with a window part (rows continuing a block on the cache)
+    rows_per_forward: float = 0.0  # rows computed per call, averaged over calls
+    rows_per_window_forward: float = 0.0  # window rows per call, over calls with a window part
+    rows_per_step_while_waiting: float = 0.0  # rows computed per step, over steps with requests pending
+    blocks_decoded: int = 0  # row-blocks completed
     effective_compute_ratio: float = 0.0  # mean over steps of unfinished requests / max_batch_size
     useful_row_fraction: float = 0.0  # mean over steps of unfinished requests' rows / rows computed
-    padding_fraction: float = 0.0  # pad positions / bounding-box positions of the cycles run
+    padding_fraction: float = 0.0  # pad positions / bounding-box positions of the forwards run
     peak_bounding_box_tokens: int = 0
-    mean_rows: float = 0.0  # rows computed per step (rows whose block is done are not), averaged
+    mean_rows: float = 0.0  # rows computed per step (= rows_per_forward)
 
     @property
     def tokens_per_s(self) -> float:
@@ -39,28 +48,39 @@ class StatsCollector:
     def __init__(self, max_batch_size: int):
         self.max_batch_size = max_batch_size
         self.totals = EngineStats()
+        self.trace: collections.deque[ForwardRecord] = collections.deque(maxlen=TRACE_LIMIT)
         self._unfinished_rows_sum = 0
         self._useful_rows_sum = 0.0
         self._rows_sum = 0
+        self._window_rows_sum = 0
+        self._waiting_steps = 0
+        self._waiting_rows_sum = 0
         self._box_tokens = 0
         self._pad_tokens = 0
 
-    def record_cycle(self, *, has_masks: torch.Tensor, unfinished: torch.Tensor, box_tokens: int,
-                     real_tokens: int, model_time_s: float) -> None:
-        """has_masks: [steps, rows] bool, the rows computed at each step (those with masks left);
-        unfinished: [rows] bool (request not yet finished)."""
-        steps, rows = has_masks.shape
+    def record_step(self, record: ForwardRecord, *, useful_rows: int, unfinished_requests: int,
+                    pending_requests: int, blocks_completed: int, model_time_s: float) -> None:
+        """One forward: its shape, how many of its rows decode their own output, and how many running
+        requests are unfinished (computed this step or waiting for a block boundary)."""
         totals = self.totals
-        totals.block_cycles += 1
-        totals.denoise_steps += steps
+        self.trace.append(record)
+        totals.denoise_steps += 1
+        totals.forward_passes += 1
+        totals.refresh_forwards += record.refresh_rows > 0
+        totals.window_forwards += record.window_rows > 0
+        totals.blocks_decoded += blocks_completed
         totals.model_time_s += model_time_s
-        totals.peak_bounding_box_tokens = max(totals.peak_bounding_box_tokens, box_tokens)
-        self._unfinished_rows_sum += int(unfinished.sum()) * steps
-        computed = has_masks.sum(-1).clamp(min=1)
-        self._useful_rows_sum += float(((has_masks & unfinished[None]).sum(-1) / computed).sum())
-        self._rows_sum += int(has_masks.sum())
-        self._box_tokens += box_tokens
-        self._pad_tokens += box_tokens - real_tokens
+        box = record.bounding_box_tokens
+        totals.peak_bounding_box_tokens = max(totals.peak_bounding_box_tokens, box)
+        self._unfinished_rows_sum += unfinished_requests
+        self._useful_rows_sum += useful_rows / max(record.rows, 1)
+        self._rows_sum += record.rows
+        self._window_rows_sum += record.window_rows
+        if pending_requests:
+            self._waiting_steps += 1
+            self._waiting_rows_sum += record.rows
+        self._box_tokens += box
+        self._pad_tokens += box - record.real_tokens
 
     def record_finished(self, num_tokens: int) -> None:
         self.totals.generated_tokens += num_tokens
@@ -70,10 +90,14 @@ class StatsCollector:
         self.totals.elapsed_s += seconds
 
     def snapshot(self) -> EngineStats:
-        steps = self.totals.denoise_steps
+        steps, windows = self.totals.denoise_steps, self.totals.window_forwards
         return dataclasses.replace(
             self.totals,
             effective_compute_ratio=self._unfinished_rows_sum / (steps * self.max_batch_size) if steps else 0.0,
             useful_row_fraction=self._useful_rows_sum / steps if steps else 0.0,
             padding_fraction=self._pad_tokens / self._box_tokens if self._box_tokens else 0.0,
+            rows_per_forward=self._rows_sum / steps if steps else 0.0,
+            rows_per_window_forward=self._window_rows_sum / windows if windows else 0.0,
+            rows_per_step_while_waiting=(self._waiting_rows_sum / self._waiting_steps
+                                         if self._waiting_steps else 0.0),
             mean_rows=self._rows_sum / steps if steps else 0.0)

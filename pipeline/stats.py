@@ -3,8 +3,8 @@
 Each BlockServeActor instance reports cumulative snapshots (see ``actors.stats_registry``); an actor
 that Ray restarted contributes one snapshot per incarnation, which are added up here. The engine's
 per-step means (effective compute ratio, useful row fraction) are combined weighted by denoising steps;
-the padding fraction, a per-cycle token ratio, is weighted by block cycles (the engine does not export
-its token totals, so this is an approximation when cycle sizes differ a lot between actors).
+the padding fraction, a per-forward token ratio, is weighted by forward passes (the engine does not export
+its token totals, so this is an approximation when forward sizes differ a lot between actors).
 """
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ def summarize(snapshots: list[dict], wall_s: float | None = None) -> dict:
         "active_s": active,
         "busy_fraction": min(busy / active, 1.0) if active and wall_s is None else None,
         "idle_between_batches_s": sum(s.get("idle_s", 0.0) for s in snapshots),
-        "block_cycles": sum(s["engine"]["block_cycles"] for s in snapshots),
+        "forward_passes": sum(s["engine"]["forward_passes"] for s in snapshots),
         "denoise_steps": sum(s["engine"]["denoise_steps"] for s in snapshots),
         "effective_compute_ratio": _weighted(snapshots, "effective_compute_ratio", "denoise_steps"),
         "useful_row_fraction": _weighted(snapshots, "useful_row_fraction", "denoise_steps"),
-        "padding_fraction": _weighted(snapshots, "padding_fraction", "block_cycles"),
+        "padding_fraction": _weighted(snapshots, "padding_fraction", "forward_passes"),
         "memory_peak_bytes": max((s["memory_peak_bytes"] for s in snapshots), default=0),
         "gpu_utilization": sum(utilizations) / len(utilizations) if utilizations else None,
     }

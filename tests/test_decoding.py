@@ -1,7 +1,7 @@
 """The decoding rules on hand-made confidences: what each step commits."""
 import torch
 
-from engine.decoding import DecodeRule, gumbel_noise, propose_tokens, quota_for_step, select_commits
+from engine.decoding import DecodeRule, Sampling, gumbel_noise, propose_tokens, quota_for_step, select_commits
 
 
 def commits(rule, confidence, masked=None, step=0, masks_at_start=None):
@@ -66,10 +66,24 @@ def test_step_cap_commits_everything_left_at_the_last_allowed_step():
 
 def test_greedy_proposal_is_argmax_with_softmax_confidence():
     logits = torch.tensor([[[0.0, 2.0, 1.0]]])
-    candidates, confidence = propose_tokens(logits, torch.tensor([0.0]), None)
-    assert candidates.tolist() == [[1]]
     expected = torch.softmax(logits[0, 0], -1)[1]
+    candidates, confidence = propose_tokens(logits, mask_id=0)
+    assert candidates.tolist() == [[1]]
     assert torch.allclose(confidence[0, 0], expected)
+
+
+def test_mask_is_never_a_candidate_even_where_it_is_the_argmax():
+    logits = torch.tensor([[[0.0, 5.0, 1.0], [3.0, 0.0, 2.0]]])
+    probabilities = torch.softmax(logits, -1)
+    candidates, confidence = propose_tokens(logits.clone(), mask_id=1)
+    assert candidates.tolist() == [[2, 0]]
+    assert torch.allclose(confidence, probabilities[0, [0, 1], [2, 0]][None])
+
+
+def test_every_rule_commits_all_that_is_left_at_the_block_length_th_step():
+    for rule in (DecodeRule("threshold", threshold=1.0), DecodeRule("factor", factor=0.01)):
+        assert commits(rule, [0.1, 0.2, 0.3], step=1) == [False, False, True]
+        assert commits(rule, [0.1, 0.2, 0.3], step=2) == [True, True, True]
 
 
 def test_gumbel_noise_depends_only_on_seed_step_and_position():
@@ -86,5 +100,6 @@ def test_sampling_with_temperature_follows_the_noise():
     logits = torch.zeros(1, 4, 6, dtype=torch.float64)
     positions = torch.arange(4)[None]
     noise = gumbel_noise(torch.tensor([1]), torch.tensor([0]), positions, 6)
-    candidates, _ = propose_tokens(logits, torch.tensor([1.0], dtype=torch.float64), noise)
-    assert torch.equal(candidates, noise.argmax(-1))
+    sampling = Sampling(rows=torch.tensor([0]), temperatures=torch.tensor([1.0]), noise=noise)
+    candidates, _ = propose_tokens(logits, mask_id=5, sampling=sampling)
+    assert torch.equal(candidates, noise[..., :5].argmax(-1))

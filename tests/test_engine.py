@@ -15,36 +15,52 @@ def chat(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-class CycleRecorder:
-    """Wraps the runner to see every block cycle's batch (block indices, bounding box)."""
+class StepRecorder:
+    """Wraps the arena's step builder to see every step: block indices, refresh/window rows, box."""
 
     def __init__(self, engine):
-        self.cycles: list[dict] = []
-        run = engine.runner.run_block_cycle
+        self.steps: list[dict] = []
+        build = engine.arena.build_step
 
-        def recording_run(batch):
-            self.cycles.append({"block_indices": batch.block_indices.tolist(),
-                                "box": batch.bounding_box_tokens, "rows": batch.num_rows})
-            return run(batch)
+        def recording_build(refresh, window):
+            batch = build(refresh, window)
+            self.steps.append({"block_indices": [r.block_index for r in (*refresh, *window)],
+                               "refresh": {r.request_id for r in refresh},
+                               "window": {r.request_id for r in window},
+                               "box": batch.record.bounding_box_tokens, "rows": batch.num_rows})
+            return batch
 
-        engine.runner.run_block_cycle = recording_run
+        engine.arena.build_step = recording_build
 
     @property
     def saw_mixed_batch(self) -> bool:
-        return any(len(set(cycle["block_indices"])) > 1 for cycle in self.cycles)
+        return any(len(set(step["block_indices"])) > 1 for step in self.steps)
+
+    @property
+    def saw_block_starts_beside_window_steps(self) -> bool:
+        """Some row started a block (refresh) while others continued theirs, in the same step."""
+        return any(step["refresh"] and step["window"] for step in self.steps)
 
 
-def mixed_workload(rows, count=40):
+def mixed_workload(rows, count=24):
     prompts = [chat(row["prompt"]) for row in rows[:count]]
     caps = [BLOCK * (1 + index % 4) for index in range(count)]
     return prompts, caps
 
 
+_REFERENCE_RESULTS: dict = {}  # the oracle's answers, shared by the tests of every schedule
+
+
 def reference_for(engine, output, max_new_tokens, **kwargs):
     config = engine.config
     rule = DecodeRule(config.decoding, config.threshold, config.factor, config.steps_per_block)
-    return reference_generate(engine.lm, output.prompt_token_ids, max_new_tokens=max_new_tokens,
-                              block_length=config.block_length, rule=rule, cache=config.cache, **kwargs)
+    key = (engine.lm.dtype, tuple(output.prompt_token_ids), max_new_tokens, config.block_length, rule,
+           config.cache, tuple(sorted(kwargs.items())))
+    if key not in _REFERENCE_RESULTS:
+        _REFERENCE_RESULTS[key] = reference_generate(
+            engine.lm, output.prompt_token_ids, max_new_tokens=max_new_tokens,
+            block_length=config.block_length, rule=rule, cache=config.cache, **kwargs)
+    return _REFERENCE_RESULTS[key]
 
 
 def assert_matches_reference(engine, outputs, caps):
@@ -57,18 +73,53 @@ def assert_matches_reference(engine, outputs, caps):
 
 # Float64: batched and solo runs sum attention over differently padded rows, which can flip a
 # float32 confidence sitting exactly at the threshold; in float64 that never happens in practice.
-@pytest.mark.parametrize("decoding,cache", list(itertools.product(
-    ["threshold", "quota", "factor"], ["dual", "prefix", "none"])))
+@pytest.mark.parametrize("schedule,decoding,cache", [
+    *itertools.product(["step"], ["threshold", "quota", "factor"], ["dual", "prefix", "none"]),
+    *itertools.product(["block"], ["threshold"], ["dual", "prefix", "none"])])
 def test_batched_requests_equal_the_reference_decoder_alone(tiny_engine_factory, heldout_rows,
-                                                            decoding, cache):
-    engine = tiny_engine_factory(decoding=decoding, cache=cache, max_batch_size=8,
-                                 steps_per_block=8 if decoding == "quota" else None,
-                                 token_budget=5 * 200)
-    recorder = CycleRecorder(engine)
+                                                            schedule, decoding, cache):
+    engine = tiny_engine_factory(schedule=schedule, decoding=decoding, cache=cache, max_batch_size=6,
+                                 steps_per_block=8 if decoding == "quota" else None)
+    recorder = StepRecorder(engine)
     prompts, caps = mixed_workload(heldout_rows)
     outputs = engine.generate(prompts, [SamplingParams(max_new_tokens=cap) for cap in caps])
-    assert recorder.saw_mixed_batch, "rows never sat at different block indices in one cycle"
+    assert recorder.saw_mixed_batch, "rows never sat at different block indices in one step"
+    if schedule == "step" and cache != "none" and decoding != "quota":
+        assert recorder.saw_block_starts_beside_window_steps
     assert_matches_reference(engine, outputs, caps)
+
+
+def test_requests_arriving_mid_flight_join_at_the_next_step_and_equal_the_reference(
+        tiny_engine_factory, heldout_rows):
+    engine = tiny_engine_factory(max_batch_size=6)
+    prompts, caps = mixed_workload(heldout_rows, 18)
+    ids, outputs, joined_at, step = [], {}, {}, 0
+    while len(outputs) < len(prompts):
+        if step % 3 == 0 and len(ids) < len(prompts):  # two arrivals every third step
+            for prompt, cap in list(zip(prompts, caps))[len(ids):len(ids) + 2]:
+                ids.append(engine.add_request(prompt, SamplingParams(max_new_tokens=cap)))
+        running_before = {r.request_id for r in engine.scheduler.running}
+        outputs.update((o.request_id, o) for o in engine.step())
+        for request in engine.scheduler.running:
+            if request.request_id not in running_before:
+                joined_at.setdefault(request.request_id, step)
+        step += 1
+    assert any(when % 3 == 0 and when > 0 for when in joined_at.values())
+    assert_matches_reference(engine, [outputs[i] for i in ids], caps)
+
+
+def test_a_complete_row_never_waits_for_another_under_the_step_schedule(tiny_engine_factory, heldout_rows):
+    """Every running row denoises at every step: no row sits out a step waiting for a boundary."""
+    engine = tiny_engine_factory(dtype="float32", max_batch_size=4)
+    recorder = StepRecorder(engine)
+    prompts, caps = mixed_workload(heldout_rows, 12)
+    for prompt, cap in zip(prompts, caps):
+        engine.add_request(prompt, SamplingParams(max_new_tokens=cap))
+    while engine.has_unfinished_requests():
+        running_before = len(engine.scheduler.running)
+        engine.step()
+        assert recorder.steps[-1]["rows"] >= running_before
+    assert recorder.saw_block_starts_beside_window_steps
 
 
 @pytest.mark.parametrize("schedule", ["static", "shrink"])
@@ -81,38 +132,34 @@ def test_baseline_schedules_equal_the_reference_when_requests_share_a_canvas(
     assert_matches_reference(engine, outputs, caps)
 
 
+@pytest.mark.parametrize("schedule", ["step", "block"])
 def test_finished_request_is_evicted_at_the_end_of_the_block_that_committed_eos(
-        tiny_engine_factory, heldout_rows):
-    engine = tiny_engine_factory(max_batch_size=4)
+        tiny_engine_factory, heldout_rows, schedule):
+    engine = tiny_engine_factory(max_batch_size=4, schedule=schedule)
     for row in heldout_rows[:12]:
         engine.add_request(chat(row["prompt"]), SamplingParams(max_new_tokens=256))
-    admitted_cycle, finished_cycle, outputs = {}, {}, []
-    for cycle in itertools.count():
-        if not engine.has_unfinished_requests():
-            break
-        running_before = {request.request_id for request in engine.scheduler.running}
+    blocks_completed, finished_with, outputs = {}, {}, []
+    while engine.has_unfinished_requests():
         finished = engine.step()
-        running_after = {request.request_id for request in engine.scheduler.running}
-        for request_id in (running_after | {o.request_id for o in finished}) - running_before:
-            admitted_cycle.setdefault(request_id, cycle)
-        for output in finished:
-            finished_cycle[output.request_id] = cycle
+        for request_id in engine.last_step.new_token_ids:
+            blocks_completed[request_id] = blocks_completed.get(request_id, 0) + 1
+        for output in finished:  # it leaves in the very step that completed its EOS block
+            finished_with[output.request_id] = blocks_completed.get(output.request_id, 0)
         outputs += finished
     eos_outputs = [o for o in outputs if o.finish_reason == "eos"]
     assert eos_outputs, "the tiny model should end some answers"
     for output in eos_outputs:
         eos_block = len(output.token_ids) // BLOCK
-        assert output.num_blocks == eos_block + 1
-        assert finished_cycle[output.request_id] - admitted_cycle[output.request_id] == eos_block
+        assert output.num_blocks == eos_block + 1 == finished_with[output.request_id]
 
 
 def test_bounding_box_never_exceeds_the_token_budget(tiny_engine_factory, heldout_rows):
     budget = 900
     engine = tiny_engine_factory(dtype="float32", max_batch_size=16, token_budget=budget)
-    recorder = CycleRecorder(engine)
+    recorder = StepRecorder(engine)
     prompts, caps = mixed_workload(heldout_rows, 32)
     engine.generate(prompts, [SamplingParams(max_new_tokens=cap) for cap in caps])
-    assert max(cycle["box"] for cycle in recorder.cycles) <= budget
+    assert max(step["box"] for step in recorder.steps) <= budget
     assert engine.stats().peak_bounding_box_tokens <= budget
 
 
@@ -183,8 +230,10 @@ def test_abort_evicts_running_and_pending_requests(tiny_engine_factory, heldout_
     engine.step()
     engine.abort_request(running)
     engine.abort_request(pending)
-    finished = {o.request_id: o for o in engine.step()}
-    assert finished[running].finish_reason == "abort" and finished[running].num_blocks == 2
+    finished = {}
+    while engine.has_unfinished_requests():  # the running one leaves when its block is complete
+        finished.update((o.request_id, o) for o in engine.step())
+    assert finished[running].finish_reason == "abort" and finished[running].num_blocks == 1
     assert finished[pending].finish_reason == "abort" and finished[pending].num_blocks == 0
     assert not engine.has_unfinished_requests()
 
@@ -205,10 +254,45 @@ def test_stats_account_for_tokens_steps_and_time(tiny_engine_factory, heldout_ro
     outputs = engine.generate([chat(r["prompt"]) for r in heldout_rows[:8]], SamplingParams(max_new_tokens=64))
     stats = engine.stats()
     assert stats.generated_tokens == sum(len(o.token_ids) for o in outputs)
-    assert stats.denoise_steps >= stats.block_cycles >= 4
+    assert stats.denoise_steps == stats.forward_passes == len(engine.stats_collector.trace)
+    assert stats.refresh_forwards >= 2 and stats.window_forwards >= 1
+    assert stats.blocks_decoded >= sum(o.num_blocks for o in outputs)
+    assert 0 < stats.rows_per_forward <= 4
     assert 0 < stats.model_time_s <= stats.elapsed_s
     assert 0 < stats.useful_row_fraction <= 1.0
     assert 0 < stats.effective_compute_ratio <= 1.0
     assert set(stats.to_dict()) >= {"tokens_per_s", "padding_fraction", "peak_bounding_box_tokens"}
     assert all(o.first_scheduled_time >= o.arrival_time and o.finish_time >= o.first_scheduled_time
                for o in outputs)
+
+
+@pytest.mark.parametrize("cache", ["dual", "none"])
+def test_the_arena_holds_exactly_the_memory_model_and_rows_leaving_allocate_nothing(
+        tiny_engine_factory, heldout_rows, cache):
+    from engine.memory import memory_model
+
+    engine = tiny_engine_factory(dtype="float32", max_batch_size=4, cache=cache)
+    arena = engine.arena
+    held = [arena.tokens, arena.positions, arena.key_mask] + (arena.kv.keys + arena.kv.values if arena.kv else [])
+    pointers = [tensor.data_ptr() for tensor in held]
+    model = memory_model(engine.lm, engine.config)
+    assert model.arena_bytes == arena.num_bytes == sum(t.numel() * t.element_size() for t in held)
+    prompts, caps = mixed_workload(heldout_rows, 10)
+    engine.generate(prompts, [SamplingParams(max_new_tokens=cap) for cap in caps])
+    assert [tensor.data_ptr() for tensor in held] == pointers  # written in place, never reallocated
+    assert arena.num_free_slots == 4 and arena.num_bytes == model.arena_bytes
+
+
+def test_a_model_whose_argmax_is_mask_still_ends_every_block(tiny_engine_factory, heldout_rows, monkeypatch):
+    engine = tiny_engine_factory(dtype="float32", max_batch_size=4)
+    lm, logits = engine.lm, engine.lm.model.logits
+
+    def mask_first(hidden):
+        scores = logits(hidden)
+        scores[..., lm.tokens.mask_id] = scores.amax(-1) + 10.0  # MASK is every position's argmax
+        return scores
+
+    monkeypatch.setattr(lm.model, "logits", mask_first)
+    outputs = engine.generate([chat(r["prompt"]) for r in heldout_rows[:4]], SamplingParams(max_new_tokens=64))
+    assert all(o.finish_reason in ("eos", "length") and lm.tokens.mask_id not in o.token_ids for o in outputs)
+    assert all(o.num_steps <= o.num_blocks * BLOCK for o in outputs)

@@ -157,7 +157,7 @@ def main() -> None:
         for group in optimizer.param_groups:
             group["lr"] = lr
         with autocast:
-            hidden, _ = model.forward_full(input_ids, positions, key_mask)
+            hidden = model.forward_full(input_ids, positions, key_mask)
             selected = labels != -100
             logits = model.logits(hidden[selected]).float()
         losses = F.cross_entropy(logits, labels[selected], reduction="none")

@@ -1,5 +1,5 @@
 from engine.models.loader import DiffusionLM, SpecialTokens, load_model
-from engine.models.transformer import BidirectionalTransformer, KVCache, TransformerConfig
+from engine.models.transformer import BidirectionalTransformer, KVArena, TransformerConfig
 
-__all__ = ["BidirectionalTransformer", "DiffusionLM", "KVCache", "SpecialTokens", "TransformerConfig",
+__all__ = ["BidirectionalTransformer", "DiffusionLM", "KVArena", "SpecialTokens", "TransformerConfig",
            "load_model"]

@@ -5,19 +5,22 @@ with **no causal mask**. Two things make it fit mixed-state batching:
 
 * RoPE is driven by explicit per-row ``position_ids``, so a left-padded row sees exactly the relative
   positions it would see alone.
-* A forward can run over a *window* of columns per row (``[rows, width]`` column indices, each row its
-  own columns) against a :class:`KVCache` built by an earlier full forward. The window's own keys and
-  values are written into the cache in place and attention runs over the whole cached row, which gives
-  the "dual cache" step when the window is the active block and the "prefix cache" step when the window
-  is the active block plus everything after it (the columns before it are then the cached prefix).
+* A forward runs up to two *parts* packed together (:meth:`BidirectionalTransformer.forward_step`):
+  whole rows (a block's first step, which also writes the rows' keys/values into a preallocated
+  :class:`KVArena`) and windows of columns per row (each row its own columns) that attend to the rows'
+  cached keys/values. The parts share every linear layer (one pass over the weights); attention runs per
+  part. A window's own keys/values replace the cached ones in place, which gives the "dual cache" step
+  when the window is the active block and the "prefix cache" step when it is the active block plus
+  everything after it (the columns before it are then the cached prefix).
 
 Keys are cached after RoPE: a column's position never changes for a row, so rotating once is enough.
-Each cache tensor has one extra trailing "scratch" column that is always masked out; window entries
-that do not exist for a row (rows with shorter windows) are pointed at it, so a ragged window is still
-one dense scatter with no Python loop over rows.
+The arena has one trailing "scratch" column that is always masked out; window entries that do not
+exist for a row (rows with shorter windows) are pointed at it, so a ragged window is still one dense
+scatter with no Python loop over rows.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,27 +41,87 @@ class TransformerConfig:
     qkv_bias: bool = False
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
+    rope_full_precision: bool = False  # rotate q/k in float32 even in a half-precision model (LLaDA)
+    embedding_scale: float = 1.0  # LLaDA's input_emb_norm multiplies embeddings by sqrt(hidden)
+    logit_scale: float = 1.0  # LLaDA's scale_logits multiplies logits by 1/sqrt(hidden)
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
 
-@dataclass
-class KVCache:
-    """Per-layer keys/values ``[rows, kv_heads, width + 1, head_dim]``; the last column is scratch."""
+class KVArena:
+    """Preallocated per-layer keys/values: ``[slots, kv_heads, width + 1, head_dim]``, written in place.
 
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    key_mask: torch.Tensor  # [rows, width + 1] bool, True where a real (non-pad) key sits
+    A request owns one slot while it runs; its row sits right-aligned in the slot (columns
+    ``[width - row_width, width)``), so a bounding box of width ``w`` is the slice ``[width - w, width)``
+    of every slot, whichever rows leave or join. Column ``width`` is scratch: never a real key, the
+    target of a ragged window's missing entries. A row that leaves frees its slot; nothing is copied.
+    """
+
+    def __init__(self, config: TransformerConfig, slots: int, width: int, dtype: torch.dtype,
+                 device: torch.device):
+        shape = (slots, config.num_kv_heads, width + 1, config.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.key_mask = torch.zeros((slots, width + 1), dtype=torch.bool, device=device)
 
     @property
     def scratch_column(self) -> int:
         return self.key_mask.shape[1] - 1
 
-    def select_rows(self, rows: torch.Tensor) -> KVCache:
-        """The cache of ``rows`` only (copied), for a batch whose other rows have left."""
-        return KVCache([k[rows] for k in self.keys], [v[rows] for v in self.values], self.key_mask[rows])
+    @property
+    def num_bytes(self) -> int:
+        tensors = [*self.keys, *self.values, self.key_mask]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @staticmethod
+    def bytes_per_slot_column(config: TransformerConfig, dtype: torch.dtype) -> int:
+        """Keys + values of one column of one slot, over all layers, plus its key-mask flag."""
+        element = torch.empty((), dtype=dtype).element_size()
+        return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element + 1
+
+
+@dataclass
+class RefreshPart:
+    """Whole rows ``[rows, w]``: a block's first step, which also (re)builds the rows' cache.
+
+    With ``slots`` set, each row's keys/values are written to arena columns
+    ``[first_column, first_column + w)`` of its slot.
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    key_mask: torch.Tensor  # [rows, w] True on real tokens
+    read_columns: torch.Tensor  # [rows, n] columns whose hidden states are returned
+    slots: torch.Tensor | None = None
+    first_column: int = 0
+
+    @property
+    def num_rows(self) -> int:
+        return self.tokens.shape[0]
+
+
+@dataclass
+class WindowPart:
+    """A window of columns per row ``[rows, n]`` against the rows' cached keys/values.
+
+    Its own keys/values replace the cached ones at ``columns``; attention reads arena columns from
+    ``context_start`` on (the bounding box of these rows). The first ``num_read`` positions' hidden
+    states are returned.
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    columns: torch.Tensor  # [rows, n] arena columns (the scratch column for a ragged window's tail)
+    slots: torch.Tensor  # [rows]
+    context_start: int
+    num_read: int
+    slot_range: tuple[int, int] | None = None  # slots are exactly range(*slot_range): read a view
+
+    @property
+    def num_rows(self) -> int:
+        return self.tokens.shape[0]
 
 
 class RMSNorm(nn.Module):
@@ -85,8 +148,10 @@ def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtyp
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
+    """Rotate-half RoPE in the dtype of ``cos`` (float32 tables rotate a bf16 ``x`` in float32)."""
+    widened = x.to(cos.dtype)
+    first, second = widened.chunk(2, dim=-1)
+    return (widened * cos + torch.cat([-second, first], dim=-1) * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -101,23 +166,21 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, key_mask, cache_kv=None, window_columns=None):
-        rows, width, _ = x.shape
-        q = self.q_proj(x).view(rows, width, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(rows, width, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(rows, width, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if cache_kv is not None:
-            cached_k, cached_v = cache_kv
-            index = window_columns[:, None, :, None].expand(-1, self.num_kv_heads, -1, self.head_dim)
-            cached_k.scatter_(2, index, k)
-            cached_v.scatter_(2, index, v)
-            k, v = cached_k, cached_v
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=key_mask[:, None, None, :],
-            enable_gqa=self.num_kv_heads != self.num_heads)
-        out = out.transpose(1, 2).reshape(rows, width, -1)
-        return self.o_proj(out), (k, v)
+    def forward(self, x: torch.Tensor, parts: list[_PartContext], layer: int) -> torch.Tensor:
+        """x: the parts' tokens packed ``[tokens, hidden]``; projections run once over all of them."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        outputs, offset = [], 0
+        for part in parts:
+            size = part.rows * part.length
+            shape = (part.rows, part.length, -1, self.head_dim)
+            part_q, part_k, part_v = (t[offset:offset + size].view(shape).transpose(1, 2) for t in (q, k, v))
+            part_q, part_k = apply_rotary(part_q, part.cos, part.sin), apply_rotary(part_k, part.cos, part.sin)
+            keys, values, key_mask = part.attend(layer, part_k, part_v)
+            out = F.scaled_dot_product_attention(part_q, keys, values, attn_mask=key_mask[:, None, None, :],
+                                                 enable_gqa=self.num_kv_heads != self.num_heads)
+            outputs.append(out.transpose(1, 2).reshape(size, -1))
+            offset += size
+        return self.o_proj(torch.cat(outputs) if len(outputs) > 1 else outputs[0])
 
 
 class MLP(nn.Module):
@@ -139,10 +202,20 @@ class Layer(nn.Module):
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, key_mask, cache_kv=None, window_columns=None):
-        attended, kv = self.attention(self.input_norm(x), cos, sin, key_mask, cache_kv, window_columns)
-        x = x + attended
-        return x + self.mlp(self.post_attention_norm(x)), kv
+    def forward(self, x: torch.Tensor, parts: list[_PartContext], layer: int) -> torch.Tensor:
+        x = x + self.attention(self.input_norm(x), parts, layer)
+        return x + self.mlp(self.post_attention_norm(x))
+
+
+@dataclass
+class _PartContext:
+    """One part of a packed forward as its layers see it: shape, rotary tables, where keys come from."""
+
+    rows: int
+    length: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+    attend: Callable  # (layer, k, v) -> (keys, values, key_mask) this part's queries attend to
 
 
 class BidirectionalTransformer(nn.Module):
@@ -165,37 +238,76 @@ class BidirectionalTransformer(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward_full(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, key_mask: torch.Tensor,
-        build_cache: bool = False,
-    ) -> tuple[torch.Tensor, KVCache | None]:
-        """Every column of every row. ``key_mask`` [rows, width] is True on real tokens."""
-        x = self.embed_tokens(input_ids)
-        cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
-        keys, values = [], []
-        for layer in self.layers:
-            x, (k, v) = layer(x, cos, sin, key_mask)
-            if build_cache:
-                keys.append(F.pad(k, (0, 0, 0, 1)))
-                values.append(F.pad(v, (0, 0, 0, 1)))
-        if not build_cache:
-            return x, None
-        return x, KVCache(keys, values, F.pad(key_mask, (0, 1), value=False))
+    def forward_full(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                     key_mask: torch.Tensor) -> torch.Tensor:
+        """Every column of every row, no cache: hidden states ``[rows, width, hidden]``."""
+        columns = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        return self.forward_step(RefreshPart(input_ids, position_ids, key_mask, columns), None, None)
 
-    def forward_window(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, window_columns: torch.Tensor,
-        cache: KVCache,
-    ) -> torch.Tensor:
-        """Run ``[rows, window]`` tokens that sit at ``window_columns`` of each cached row.
+    def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
+                     arena: KVArena | None) -> torch.Tensor:
+        """One packed forward of a refresh part and/or a window part.
 
-        Their keys/values replace the cached ones in place; columns pointing at the scratch column are
-        padding of a ragged window and are never attended.
+        Returns the hidden states the parts ask for, refresh rows first: ``[rows, n, hidden]``.
         """
-        x = self.embed_tokens(input_ids)
-        cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
-        for layer, k, v in zip(self.layers, cache.keys, cache.values):
-            x, _ = layer(x, cos, sin, cache.key_mask, (k, v), window_columns)
-        return x
+        parts, inputs = [], []
+        if refresh is not None:
+            parts.append(self._refresh_context(refresh, arena))
+            inputs.append(refresh.tokens)
+        if window is not None:
+            parts.append(self._window_context(window, arena))
+            inputs.append(window.tokens)
+        x = self.embed_tokens(torch.cat([t.reshape(-1) for t in inputs]) if len(inputs) > 1
+                              else inputs[0].reshape(-1))
+        if self.config.embedding_scale != 1.0:
+            x = x * self.config.embedding_scale
+        for index, layer in enumerate(self.layers):
+            x = layer(x, parts, index)
+        read, offset = [], 0
+        for part, context in zip((p for p in (refresh, window) if p is not None), parts):
+            hidden = x[offset:offset + context.rows * context.length].view(context.rows, context.length, -1)
+            offset += context.rows * context.length
+            if isinstance(part, RefreshPart):
+                read.append(hidden.gather(1, part.read_columns[..., None].expand(-1, -1, hidden.shape[-1])))
+            else:
+                read.append(hidden[:, :part.num_read])
+        return torch.cat(read) if len(read) > 1 else read[0]
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = self.embed_tokens.weight.dtype
+        if self.config.rope_full_precision and dtype in (torch.float16, torch.bfloat16):
+            dtype = torch.float32
+        return rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+
+    def _refresh_context(self, part: RefreshPart, arena: KVArena | None) -> _PartContext:
+        rows, length = part.tokens.shape
+        end = part.first_column + length
+
+        def attend(layer: int, k: torch.Tensor, v: torch.Tensor):
+            if part.slots is not None:
+                arena.keys[layer][part.slots, :, part.first_column:end] = k
+                arena.values[layer][part.slots, :, part.first_column:end] = v
+            return k, v, part.key_mask
+
+        return _PartContext(rows, length, *self._rotary(part.positions), attend)
+
+    def _window_context(self, part: WindowPart, arena: KVArena) -> _PartContext:
+        rows, length = part.tokens.shape
+        slot_index = part.slots[:, None]
+        start = part.context_start
+
+        def attend(layer: int, k: torch.Tensor, v: torch.Tensor):
+            keys, values = arena.keys[layer], arena.values[layer]
+            keys[slot_index, :, part.columns] = k.transpose(1, 2)
+            values[slot_index, :, part.columns] = v.transpose(1, 2)
+            if part.slot_range is not None:
+                first, last = part.slot_range
+                return (keys[first:last, :, start:], values[first:last, :, start:],
+                        arena.key_mask[first:last, start:])
+            return keys[part.slots, :, start:], values[part.slots, :, start:], arena.key_mask[part.slots, start:]
+
+        return _PartContext(rows, length, *self._rotary(part.positions), attend)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))
+        logits = self.lm_head(self.norm(hidden))
+        return logits * self.config.logit_scale if self.config.logit_scale != 1.0 else logits
