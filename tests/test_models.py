@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from engine.models import BidirectionalTransformer, DiffusionLM, load_model
+from engine.models import BidirectionalTransformer, DiffusionLM, KVArena, load_model
+from engine.models.transformer import RefreshPart, WindowPart
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 LLADA_DIR = FIXTURES / "tiny-llada"
@@ -237,7 +238,7 @@ def left_padded(lengths: list[int], vocab: int, pad_id: int, seed: int):
 
 
 def our_logits(lm: DiffusionLM, input_ids, position_ids, key_mask) -> torch.Tensor:
-    hidden, _ = lm.model.forward_full(input_ids, position_ids, key_mask)
+    hidden = lm.model.forward_full(input_ids, position_ids, key_mask)
     return lm.model.logits(hidden)
 
 
@@ -296,25 +297,31 @@ def test_logits_match_transformers_reference_left_padded(loaded, references, fam
 # --------------------------------------------------------------------------------------------------
 
 def _window_check(lm: DiffusionLM, input_ids, position_ids, key_mask, columns, valid):
-    """forward_window over ``columns`` (``valid`` marks real entries) of a cache built by forward_full
-    on the same tokens reproduces forward_full's logits there and leaves the cache as it was."""
+    """A window forward over ``columns`` (``valid`` marks real entries) against an arena filled by a
+    refresh of the same tokens reproduces the full forward's logits there and leaves the cache as it was."""
     model = lm.model
+    rows, width = input_ids.shape
+    arena = KVArena(model.config, rows, width, lm.dtype, input_ids.device)
+    arena.key_mask[:, :width] = key_mask
+    slots = torch.arange(rows)
+    all_columns = torch.arange(width).expand(rows, -1)
     with torch.no_grad():
-        hidden_full, cache = model.forward_full(input_ids, position_ids, key_mask, build_cache=True)
-        keys_before = [k[:, :, :-1].clone() for k in cache.keys]
-        values_before = [v[:, :, :-1].clone() for v in cache.values]
-        window_ids = torch.where(valid, input_ids.gather(1, columns.clamp(max=input_ids.shape[1] - 1)),
-                                 lm.tokens.pad_id)
-        window_positions = torch.where(
-            valid, position_ids.gather(1, columns.clamp(max=input_ids.shape[1] - 1)), 0)
-        hidden_window = model.forward_window(window_ids, window_positions, columns, cache)
-        expected = model.logits(hidden_full.gather(
-            1, columns.clamp(max=input_ids.shape[1] - 1)[..., None].expand(-1, -1, hidden_full.shape[-1])))
-        got = model.logits(hidden_window)
-    torch.testing.assert_close(got[valid], expected[valid], atol=1e-10, rtol=1e-10)
-    for before, after in zip(keys_before + values_before, cache.keys + cache.values):
+        hidden_full = model.forward_step(RefreshPart(input_ids, position_ids, key_mask, all_columns, slots),
+                                         None, arena)
+        keys_before = [k[:, :, :-1].clone() for k in arena.keys]
+        values_before = [v[:, :, :-1].clone() for v in arena.values]
+        safe = columns.clamp(max=width - 1)
+        window_ids = torch.where(valid, input_ids.gather(1, safe), lm.tokens.pad_id)
+        window_positions = torch.where(valid, position_ids.gather(1, safe), 0)
+        for slot_range in ((0, rows), None):  # a slice of the arena, or a gather of its slots
+            window = WindowPart(window_ids, window_positions, columns, slots, context_start=0,
+                                num_read=columns.shape[1], slot_range=slot_range)
+            got = model.logits(model.forward_step(None, window, arena))
+            expected = model.logits(hidden_full.gather(1, safe[..., None].expand(-1, -1, hidden_full.shape[-1])))
+            torch.testing.assert_close(got[valid], expected[valid], atol=1e-10, rtol=1e-10)
+    for before, after in zip(keys_before + values_before, arena.keys + arena.values):
         torch.testing.assert_close(after[:, :, :-1], before, atol=1e-10, rtol=1e-10)
-    assert not cache.key_mask[:, cache.scratch_column].any()
+    assert not arena.key_mask[:, arena.scratch_column].any()
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
@@ -336,7 +343,7 @@ def test_prefix_cache_ragged_window_equals_full_forward(loaded64, family):
     input_ids, position_ids, key_mask = left_padded([12, 9, 6], lm.vocab_size, lm.tokens.pad_id, seed=5)
     starts = [4, 8, 10]
     window = width - min(starts)
-    scratch = width  # forward_full's cache has one scratch column after the last real one
+    scratch = width  # the arena has one scratch column after the last real one
     columns = torch.full((len(starts), window), scratch, dtype=torch.long)
     valid = torch.zeros((len(starts), window), dtype=torch.bool)
     for row, start in enumerate(starts):
@@ -344,3 +351,59 @@ def test_prefix_cache_ragged_window_equals_full_forward(loaded64, family):
         valid[row, :width - start] = True
     assert (~valid).sum(dim=1).tolist() == [0, 4, 6]
     _window_check(lm, input_ids, position_ids, key_mask, columns, valid)
+
+
+# --------------------------------------------------------------------------------------------------
+# LLaDA's computation keys: implemented, or refused at load
+# --------------------------------------------------------------------------------------------------
+
+def _llada_variant(tmp_path, dtype: str = "float32", **keys) -> DiffusionLM:
+    import shutil
+
+    directory = tmp_path / "llada-variant"
+    shutil.copytree(FAMILY_DIRS["llada"], directory, dirs_exist_ok=True)
+    config = json.loads((directory / "config.json").read_text()) | keys
+    (directory / "config.json").write_text(json.dumps(config))
+    return load_model(directory, dtype=dtype)
+
+
+@pytest.mark.parametrize("key,value", [("layer_norm_type", "default"), ("activation_type", "gelu"),
+                                       ("alibi", True), ("attention_layer_norm", True), ("clip_qkv", 8.0)])
+def test_a_llada_key_we_would_compute_differently_is_refused_at_load_naming_it(tmp_path, key, value):
+    with pytest.raises(ValueError, match=key):
+        _llada_variant(tmp_path, **{key: value})
+
+
+def test_llada_rotates_q_and_k_in_float32_in_bf16_unless_its_config_says_otherwise(tmp_path):
+    input_ids, position_ids, key_mask = left_padded([40, 25], 104, 0, seed=11)
+    position_ids = position_ids + 300  # large positions: where a bf16 rotation loses the most
+    full = our_logits(_llada_variant(tmp_path, "bfloat16"), input_ids, position_ids, key_mask)
+    low = our_logits(_llada_variant(tmp_path, "bfloat16", rope_full_precision=False),
+                     input_ids, position_ids, key_mask)
+    assert (full - low).abs().max() > 0  # the rotation's precision changes the answer in bf16
+    in_float32 = [our_logits(_llada_variant(tmp_path, "float32", rope_full_precision=flag), input_ids,
+                             position_ids, key_mask) for flag in (True, False)]
+    torch.testing.assert_close(in_float32[0], in_float32[1], atol=0, rtol=0)
+
+
+def test_llada_rotation_in_full_precision_is_the_float32_rotation_cast_back():
+    from engine.models.transformer import apply_rotary, rotary_cos_sin
+
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 2, 5, 8, generator=generator).to(torch.bfloat16)
+    positions = torch.arange(1000, 1005)[None]
+    cos, sin = rotary_cos_sin(positions, 8, 500000.0, torch.float32)
+    first, second = x.float().chunk(2, dim=-1)
+    expected = (x.float() * cos + torch.cat([-second, first], dim=-1) * sin).to(torch.bfloat16)
+    assert torch.equal(apply_rotary(x, cos, sin), expected)
+    low_cos, low_sin = rotary_cos_sin(positions, 8, 500000.0, torch.bfloat16)
+    assert not torch.equal(apply_rotary(x, low_cos, low_sin), expected)
+
+
+def test_llada_input_emb_norm_and_scale_logits_follow_its_modeling_code(tmp_path):
+    input_ids, position_ids, key_mask = left_padded([9], 104, 0, seed=12)
+    plain = our_logits(_llada_variant(tmp_path), input_ids, position_ids, key_mask)
+    scaled = our_logits(_llada_variant(tmp_path, scale_logits=True), input_ids, position_ids, key_mask)
+    torch.testing.assert_close(scaled, plain / 32**0.5)  # d_model 32
+    normed = our_logits(_llada_variant(tmp_path, input_emb_norm=True), input_ids, position_ids, key_mask)
+    assert (normed - plain).abs().max() > 1e-3

@@ -10,6 +10,10 @@ Where the mapping comes from:
   ``ff_proj`` is the gate and ``up_proj`` the up projection; norms ``attn_norm``/``ff_norm``; embedding
   ``wte``; final norm ``ln_f``; output head ``ff_out`` at the transformer level (absent when tied).
 * No logit shift: the hidden state at position i predicts token i.
+* Computation keys of the modeling code: ``rope_full_precision`` (default true: q and k are rotated in
+  float32, then cast back), ``input_emb_norm`` (embeddings x sqrt(d_model)) and ``scale_logits``
+  (logits x 1/sqrt(d_model)) are implemented; the others must have LLaDA-8B's value (see
+  ``_FIXED_KEYS``) or the load fails naming the key.
 """
 from __future__ import annotations
 
@@ -48,8 +52,31 @@ def is_family(config: dict) -> bool:
     return config.get("model_type") == "llada" or "LLaDAModelLM" in config.get("architectures", [])
 
 
+# Keys of LLaDA's modeling code (OLMo-derived) that change the computation, with the value we compute
+# as the checkpoint does; any other value is refused at load rather than silently computed differently.
+_FIXED_KEYS = {
+    "rope": True, "alibi": False, "layer_norm_type": "rms", "layer_norm_with_affine": True,
+    "bias_for_layer_norm": False, "attention_layer_norm": False, "activation_type": "silu",
+    "block_type": "llama", "include_bias": False, "clip_qkv": None, "multi_query_attention": None,
+}
+
+
+def check_supported(config: dict) -> None:
+    """Refuse a config whose computation this engine would not reproduce, naming the key."""
+    for key, supported in _FIXED_KEYS.items():
+        value = config.get(key, supported)
+        if key == "multi_query_attention" and value is False:
+            continue
+        if value != supported:
+            raise ValueError(f"LLaDA config key {key!r} = {value!r} is not supported (this engine computes "
+                             f"{key}={supported!r}, as LLaDA-8B does); refusing to load a model that would "
+                             "decode differently")
+
+
 def transformer_config(config: dict) -> TransformerConfig:
+    check_supported(config)
     num_heads = config["n_heads"]
+    hidden = config["d_model"]
     return TransformerConfig(
         vocab_size=config.get("embedding_size") or config["vocab_size"],
         hidden_size=config["d_model"],
@@ -59,9 +86,12 @@ def transformer_config(config: dict) -> TransformerConfig:
         intermediate_size=config.get("mlp_hidden_size") or config["mlp_ratio"] * config["d_model"],
         rope_theta=float(config.get("rope_theta", 10000.0)),
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
-        qkv_bias=bool(config.get("include_qkv_bias", False) or config.get("include_bias", False)),
+        qkv_bias=bool(config.get("include_qkv_bias", False)),
         max_position_embeddings=config.get("max_sequence_length", 4096),
         tie_word_embeddings=bool(config.get("weight_tying", False)),
+        rope_full_precision=bool(config.get("rope_full_precision", True)),  # LLaDA's default: true
+        embedding_scale=hidden**0.5 if config.get("input_emb_norm", False) else 1.0,
+        logit_scale=1 / hidden**0.5 if config.get("scale_logits", False) else 1.0,
     )
 
 
