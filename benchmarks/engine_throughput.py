@@ -1,86 +1,143 @@
-"""Issue 3's performance check: block vs static vs shrink on the tiny model, one process, interleaved.
+"""The schedules side by side on length-replay workloads: CPU measured, H200 projected, in one run.
 
-    python -m benchmarks.engine_throughput                      # 256 demo prompts, 3 rounds (~15 min, 2 cores)
-    python -m benchmarks.engine_throughput --requests 16 --rounds 1 --sweep-requests 4   # seconds
+    python -m benchmarks.engine_throughput                                   # HumanEval replay, 64 requests
+    python -m benchmarks.engine_throughput --workload short --requests 64
+    python -m benchmarks.engine_throughput --requests 8 --rounds 1           # seconds: the smoke size
 
-Targets (issue 3): block/static tokens/s >= 2.5, block/shrink >= 1.3, block useful_row_fraction >= 0.9,
-scheduler overhead (elapsed - model time) <= 5% of elapsed. Also the paper's effective compute ratio
-of all three schedules at batch sizes 1, 4 and 16 (batch 16 from the main rounds).
+Every schedule runs the same requests, interleaved round by round, on the tiny model steered to the
+replay's answer lengths (see ``benchmarks.replay``). Per schedule it reports CPU tokens/s (measured),
+forward passes (refresh / window), rows per forward, padding, and the per-forward trace projected to
+LLaDA-8B shapes on an H200 (``benchmarks.projection``): tokens/s and MFU, **projected**, with the time
+split between refresh and window parts, packed vs two forwards, and without launch overhead (what a
+captured or compiled step would save at most).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
 import json
+import shlex
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.plots import measured_vs_projected
+from benchmarks.projection import load_constants, project
+from benchmarks.replay import replay
 from benchmarks.run import machine_description
 from benchmarks.systems import SYSTEMS, interleaved, median_of
-from benchmarks.workloads import tiny_tasks
 from engine.models import load_model
 
-TARGETS = {"block_over_static": 2.5, "block_over_shrink": 1.3, "block_useful_row_fraction": 0.9,
-           "max_scheduler_overhead": 0.05}
+TARGETS = {  # issue 10 and 11 bars: figure -> (comparison, value)
+    "block_over_static_measured": (">=", 3.0),
+    "block_over_static_projected": (">=", 3.0),
+    "step_over_block_projected": (">=", 1.15),
+    "step_over_shrink_projected": (">=", 1.3),
+    "step_over_block_measured": (">=", 1.0),
+    "step_window_forwards_over_block": ("<=", 0.6),
+    "step_rows_per_step_while_waiting_over_batch": (">=", 0.95),
+    "step_padding_fraction": ("<=", 0.05),
+}
+STATS_KEYS = ("tokens_per_s", "forward_passes", "refresh_forwards", "window_forwards", "rows_per_forward",
+              "rows_per_window_forward", "rows_per_step_while_waiting", "padding_fraction",
+              "useful_row_fraction", "effective_compute_ratio", "scheduler_overhead_fraction", "generated_tokens")
+
+
+def project_run(result, model: str, device: str) -> dict:
+    trace = result.extra["trace"]
+    tokens = result.stats["generated_tokens"]
+    packed = project(trace, tokens, model, device)
+    constants = load_constants(device)
+    unlaunched = project(trace, tokens, model, device, dataclasses.replace(constants, launch_overhead_s=0.0))
+    return {"tokens_per_s": packed["tokens_per_s"], "mfu": packed["mfu"], "total_s": packed["total_s"],
+            "refresh_s": packed["refresh_s"], "window_s": packed["window_s"],
+            "launch_overhead_s": packed["launch_overhead_s"], "constants": packed["constants"],
+            "two_forwards_tokens_per_s": project(trace, tokens, model, device, packed=False)["tokens_per_s"],
+            "no_launch_overhead_tokens_per_s": unlaunched["tokens_per_s"]}
+
+
+def summarize(runs: dict, batch_size: int, model: str, device: str) -> dict:
+    table = {}
+    for system, results in runs.items():
+        middle = sorted(results, key=lambda r: r.tokens_per_s)[(len(results) - 1) // 2]
+        table[system] = {key: median_of(results, key) for key in STATS_KEYS}
+        table[system] |= {"tokens_per_s_per_round": [r.tokens_per_s for r in results],
+                          "outputs_digest": middle.extra["outputs_digest"],
+                          "projected": project_run(middle, model, device)}
+    step, block, static, shrink = (table[s] for s in ("step", "block", "static", "shrink"))
+    figures = {
+        "block_over_static_measured": block["tokens_per_s"] / static["tokens_per_s"],
+        "block_over_static_projected": block["projected"]["tokens_per_s"] / static["projected"]["tokens_per_s"],
+        "block_over_shrink_projected": block["projected"]["tokens_per_s"] / shrink["projected"]["tokens_per_s"],
+        "step_over_block_projected": step["projected"]["tokens_per_s"] / block["projected"]["tokens_per_s"],
+        "step_over_shrink_projected": step["projected"]["tokens_per_s"] / shrink["projected"]["tokens_per_s"],
+        "step_over_block_measured": step["tokens_per_s"] / block["tokens_per_s"],
+        "step_window_forwards_over_block": step["window_forwards"] / block["window_forwards"],
+        "step_forwards_over_block": step["forward_passes"] / block["forward_passes"],
+        "step_rows_per_step_while_waiting_over_batch": step["rows_per_step_while_waiting"] / batch_size,
+        "step_padding_fraction": step["padding_fraction"],
+        "static_projected_tokens_per_s": static["projected"]["tokens_per_s"]}
+    met = {key: (figures[key] >= value if op == ">=" else figures[key] <= value)
+           for key, (op, value) in TARGETS.items()}
+    return {"systems": table, "figures": figures, "met": met,
+            "identical_outputs": len({row["outputs_digest"] for row in table.values()}) == 1}
+
+
+def print_table(name: str, summary: dict) -> None:
+    print(f"\n{name}: outputs identical across schedules: {summary['identical_outputs']}")
+    print(f"{'schedule':>8} {'CPU tok/s':>9} {'fwd':>5} {'refr':>5} {'win':>5} {'rows/f':>6} {'rows/w':>6} "
+          f"{'pad':>6} | {'H200 tok/s*':>11} {'MFU*':>6} {'refresh s*':>10} {'window s*':>9} {'2-fwd*':>7}")
+    for system, row in summary["systems"].items():
+        p = row["projected"]
+        print(f"{system:>8} {row['tokens_per_s']:9.1f} {row['forward_passes']:5.0f} {row['refresh_forwards']:5.0f} "
+              f"{row['window_forwards']:5.0f} {row['rows_per_forward']:6.2f} {row['rows_per_window_forward']:6.2f} "
+              f"{row['padding_fraction']:6.3f} | {p['tokens_per_s']:11.1f} {p['mfu']:6.1%} {p['refresh_s']:10.3f} "
+              f"{p['window_s']:9.3f} {p['two_forwards_tokens_per_s']:7.1f}")
+    print("(* projected from the trace: LLaDA-8B shapes on an H200, not measured)")
+    for key, value in summary["figures"].items():
+        target = TARGETS.get(key)
+        verdict = "" if target is None else f" (target {target[0]} {target[1]}) " + (
+            "MET" if summary["met"][key] else "MISSED")
+        print(f"  {key}: {value:.3f}{verdict}")
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--requests", type=int, default=256, help="demo prompts per run")
+    parser.add_argument("--workload", default="humaneval", choices=["humaneval", "short", "both"])
+    parser.add_argument("--requests", type=int, default=64, help="requests per run (HumanEval has 164)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sweep-requests", type=int, default=64, help="prompts per batch-1/4 ECR run")
+    parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--oracle-lengths", action="store_true",
-                        help="cap each request at its true answer length (no EOS stop): see workloads.tiny_tasks")
+    parser.add_argument("--project-model", default="llada-8b")
+    parser.add_argument("--project-device", default="h200")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_throughput.json"))
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
     lm = load_model(args.model, device="cpu", dtype="float32")
-    workload = tiny_tasks("demo", args.requests, max_new_tokens=256, oracle_lengths=args.oracle_lengths)
-    variants = {system: {"system": system, "max_batch_size": 16} for system in SYSTEMS}
-    runs = interleaved(lm, variants, workload, args.rounds)
-    medians = {system: {key: median_of(results, key) for key in (
-        "tokens_per_s", "useful_row_fraction", "effective_compute_ratio", "scheduler_overhead_fraction",
-        "padding_fraction", "denoise_steps", "block_cycles", "elapsed_s", "model_time_s")}
-        for system, results in runs.items()}
-    for system, results in runs.items():
-        medians[system]["tokens_per_s_per_round"] = [r.tokens_per_s for r in results]
-        medians[system]["exact_match"] = results[0].accuracy
-        medians[system]["outputs_digest"] = results[0].extra["outputs_digest"]
-    ecr = {16: {system: medians[system]["effective_compute_ratio"] for system in SYSTEMS}}
-    for batch_size in (1, 4):
-        sweep = interleaved(lm, {s: {"system": s, "max_batch_size": batch_size} for s in SYSTEMS},
-                            workload.head(args.sweep_requests), 1)
-        ecr[batch_size] = {system: results[0].stats["effective_compute_ratio"] for system, results in sweep.items()}
-    block = medians["block"]
-    figures = {
-        "block_over_static": block["tokens_per_s"] / medians["static"]["tokens_per_s"],
-        "block_over_shrink": block["tokens_per_s"] / medians["shrink"]["tokens_per_s"],
-        "block_useful_row_fraction": block["useful_row_fraction"],
-        "max_scheduler_overhead": max(m["scheduler_overhead_fraction"] for m in medians.values())}
-    met = {key: (value <= TARGETS[key] if key.startswith("max_") else value >= TARGETS[key])
-           for key, value in figures.items()}
-    result = {"machine": machine_description(), "command": "python -m benchmarks.engine_throughput "
-              + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
-              "workload": workload.notes, "requests": len(workload), "rounds": args.rounds, "medians": medians,
-              "effective_compute_ratio_by_batch": ecr, "figures": figures, "targets": TARGETS, "met": met,
-              "identical_outputs": len({m["outputs_digest"] for m in medians.values()}) == 1,
-              "wall_s": time.perf_counter() - started}
+    result = {"command": "python -m benchmarks.engine_throughput " + shlex.join(
+                  argv if argv is not None else sys.argv[1:]),
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "machine": machine_description(), "batch_size": args.batch_size, "rounds": args.rounds,
+              "projection": {"model": args.project_model, "device": args.project_device}, "workloads": {}}
+    names = ["humaneval", "short"] if args.workload == "both" else [args.workload]
+    for name in names:
+        workload = replay(name, lm, args.requests)
+        variants = {system: {"system": system, "max_batch_size": args.batch_size} for system in SYSTEMS}
+        runs = interleaved(workload.steered(lm), variants, workload.workload, args.rounds)
+        summary = summarize(runs, args.batch_size, args.project_model, args.project_device)
+        result["workloads"][name] = {"notes": workload.workload.notes} | summary
+        print_table(name, summary)
+    result["wall_s"] = time.perf_counter() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{'system':>8} {'tok/s':>8} {'URF':>6} {'ECR':>6} {'overhead':>9} {'EM':>6}")
-    for system, m in medians.items():
-        print(f"{system:>8} {m['tokens_per_s']:8.1f} {m['useful_row_fraction']:6.3f} "
-              f"{m['effective_compute_ratio']:6.3f} {m['scheduler_overhead_fraction']:9.2%} {m['exact_match']}")
-    print("ECR by batch size:", json.dumps(ecr))
-    for key, value in figures.items():
-        print(f"{key}: {value:.3f} (target {'<=' if key.startswith('max_') else '>='} {TARGETS[key]}) "
-              f"{'MET' if met[key] else 'MISSED'}")
-    print(f"wrote {args.out} in {result['wall_s']:.0f} s")
+    figure = measured_vs_projected(result, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {figure} in {result['wall_s']:.0f} s")
     return result
 
 

@@ -1,7 +1,14 @@
-"""The three schedules on LLaDA-8B- and Dream-7B-shaped models (bf16, RANDOM weights) on one GPU.
+"""The schedules on LLaDA-8B- and Dream-7B-shaped models (bf16, RANDOM weights) on one GPU, and the
+calibration of the GPU projection.
 
     python -m benchmarks.gpu            # one H200: both shapes, < 8 min, prints ONE JSON object
     python -m benchmarks.gpu --smoke    # tiny shapes on the CPU in seconds (CI keeps it from rotting)
+
+Calibration (first, about a minute): the forward shapes the engine's trace records (refresh parts of
+1-16 rows, window parts of 1-16 rows of a block, packed calls) are timed on the real shapes with CUDA
+events; ``benchmarks.projection.fit_constants`` fits efficiency, bandwidth efficiency and launch
+overhead to them and ``save_constants`` writes ``benchmarks/calibration/<device>.json``, which every
+later projection reads. Measured beside projected is printed for each shape.
 
 Real checkpoints cannot be downloaded where this runs, so the weights are random (normal, std 0.02,
 built directly on the device). Consequences, stated in the output:
@@ -14,8 +21,6 @@ built directly on the device). Consequences, stated in the output:
   steps per block = block length. A lower threshold changes nothing for such a model, so the figures
   are also reported with LLaDA's fixed-quota rule at 8 steps per block (4 tokens per step, about what
   real weights reach with threshold decoding), the honest proxy for parallel decoding's cost.
-* The mask id's output row is zeroed: a random head can otherwise rank the mask token first, and the
-  engine does not exclude it from candidates (it would then never finish the block).
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import time
 
 import torch
 
+from benchmarks.replay import bpe_pieces
 from benchmarks.simulate import simulate_schedule
 from benchmarks.systems import SYSTEMS, run_system
 from benchmarks.workloads import Workload, humaneval
@@ -72,20 +78,12 @@ def random_lm(name: str, config: TransformerConfig, mask_id: int, eos_id: int, l
                 parameter.zero_()
             else:
                 parameter.normal_(0.0, 0.02, generator=generator)
-        model.lm_head.weight[mask_id].zero_()  # see the module docstring
     model.tie_weights()
     model.eval().requires_grad_(False)
     tokens = SpecialTokens(mask_id=mask_id, eos_id=eos_id, pad_id=eos_id, stop_ids=(eos_id,))
     return DiffusionLM(name=name, family="llada" if logit_shift == 0 else "dream", model=model,
                        tokenizer=load_tokenizer(TINY_MODEL_DIR), tokens=tokens, logit_shift=logit_shift,
                        max_length=config.max_position_embeddings)
-
-
-def bpe_pieces(text: str) -> int:
-    """Byte-level BPE pre-tokenizer pieces of ``text``: a lower bound of its BPE token count."""
-    from tokenizers import pre_tokenizers
-
-    return max(1, len(pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str(text)))
 
 
 def humaneval_workload(lm: DiffusionLM, count: int, max_new_tokens: int) -> Workload:
@@ -114,22 +112,30 @@ class Memory:
         return torch.cuda.max_memory_allocated() / GIB if self.cuda else None
 
 
+def widest_row(workload: Workload, block_length: int = 32) -> int:
+    """The arena width a workload needs: its longest prompt plus its longest canvas."""
+    return max(len(p) for p in workload.prompts) + block_length * math.ceil(
+        max(p.max_new_tokens for p in workload.params) / block_length)
+
+
 def run_decoding(lm, workload, memory: Memory, batch_size: int, decoding: dict) -> dict:
     rows = {}
     for system in SYSTEMS:
         memory.reset()
-        result = run_system(lm, system, workload, max_batch_size=batch_size, cache="dual", **decoding)
+        result = run_system(lm, system, workload, max_batch_size=batch_size, cache="dual",
+                            max_model_len=widest_row(workload), **decoding)
         s = result.stats
         rows[system] = {"tokens_per_s": s["tokens_per_s"], "elapsed_s": s["elapsed_s"],
                         "peak_memory_gib": memory.peak_gib(), "effective_compute_ratio": s["effective_compute_ratio"],
                         "useful_row_fraction": s["useful_row_fraction"], "padding_fraction": s["padding_fraction"],
                         "scheduler_overhead_fraction": s["scheduler_overhead_fraction"],
                         "tokens_per_step": s["generated_tokens"] / max(s["denoise_steps"], 1) / max(s["mean_rows"], 1e-9),
-                        "block_cycles": s["block_cycles"], "denoise_steps": s["denoise_steps"],
+                        "forward_passes": s["forward_passes"], "window_forwards": s["window_forwards"],
+                        "rows_per_forward": s["rows_per_forward"],
                         "peak_rows": result.peak_rows, "generated_tokens": s["generated_tokens"]}
-    block = rows["block"]["tokens_per_s"]
+    block, step = rows["block"]["tokens_per_s"], rows["step"]["tokens_per_s"]
     return {"systems": rows, "speedup_vs_static": block / rows["static"]["tokens_per_s"],
-            "speedup_vs_shrink": block / rows["shrink"]["tokens_per_s"]}
+            "speedup_vs_shrink": block / rows["shrink"]["tokens_per_s"], "step_over_block": step / block}
 
 
 def _probe_peak_gib(lm, memory: Memory, rows: int, width: int, token_id: int) -> float | None:
@@ -137,7 +143,7 @@ def _probe_peak_gib(lm, memory: Memory, rows: int, width: int, token_id: int) ->
     memory.reset()
     params = SamplingParams(max_new_tokens=32, stop_at_eos=False)
     probe = Workload("probe", [[token_id] * (width - 32)] * rows, [params] * rows)
-    run_system(lm, "static", probe, max_batch_size=rows, decoding="quota", steps_per_block=1)
+    run_system(lm, "static", probe, max_batch_size=rows, decoding="quota", steps_per_block=1, max_model_len=width)
     return memory.peak_gib()
 
 
@@ -176,6 +182,90 @@ def capacity(lm, workload: Workload, memory: Memory, memory_budget_gib: float | 
         "block_mean_rows_if_every_cap_were_the_longest": fixed["mean_rows"]}
 
 
+CALIBRATION_SHAPES = {  # (refresh rows, window rows): HumanEval-like rows of ~416 columns, blocks of 32
+    "refresh": [(1, 0), (4, 0), (16, 0)],
+    "window": [(0, 1), (0, 2), (0, 4), (0, 8), (0, 16)],
+    "packed": [(2, 6), (4, 12)],
+}
+PROJECTION_MODELS = {"llada-8b": "llada-8b", "dream-7b": "dream-7b"}
+
+
+def device_key(name: str) -> str | None:
+    for key in ("h200", "h100", "a100"):
+        if key in name.lower():
+            return key
+    return None
+
+
+def time_forward(lm: DiffusionLM, refresh_rows: int, window_rows: int, width: int, repeats: int):
+    """Seconds of one packed forward (+ its logits) of that shape, median of ``repeats``; and its record."""
+    from engine.models.transformer import KVArena, RefreshPart, WindowPart
+    from engine.trace import ForwardRecord
+
+    device, block = lm.device, 32
+    slots = refresh_rows + window_rows
+    arena = KVArena(lm.model.config, slots, width, lm.dtype, device)
+    arena.key_mask[:, :width] = True
+    tokens = torch.randint(0, 100, (slots, width), device=device)
+    positions = torch.arange(width, device=device).expand(slots, -1)
+    read = torch.arange(width - block, width, device=device).expand(max(refresh_rows, 1), -1)
+    refresh = window = None
+    if refresh_rows:
+        refresh = RefreshPart(tokens[:refresh_rows], positions[:refresh_rows],
+                              torch.ones(refresh_rows, width, dtype=torch.bool, device=device),
+                              read[:refresh_rows], torch.arange(refresh_rows, device=device))
+    if window_rows:
+        columns = torch.arange(width - block, width, device=device).expand(window_rows, -1)
+        window = WindowPart(tokens[refresh_rows:, -block:], positions[refresh_rows:, -block:], columns,
+                            torch.arange(refresh_rows, slots, device=device), context_start=0, num_read=block,
+                            slot_range=(refresh_rows, slots))
+    record = ForwardRecord(refresh_rows=refresh_rows, refresh_width=width if refresh_rows else 0,
+                           window_rows=window_rows, window_tokens=block if window_rows else 0,
+                           window_context=width if window_rows else 0, logit_positions=slots * block,
+                           real_tokens=slots * width)
+    samples = []
+    with torch.no_grad():
+        for repeat in range(repeats + 1):
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                lm.model.logits(lm.model.forward_step(refresh, window, arena))
+                end.record()
+                torch.cuda.synchronize()
+                seconds = start.elapsed_time(end) / 1e3
+            else:
+                started = time.perf_counter()
+                lm.model.logits(lm.model.forward_step(refresh, window, arena))
+                seconds = time.perf_counter() - started
+            if repeat:  # the first run warms up
+                samples.append(seconds)
+    del arena
+    return record, sorted(samples)[len(samples) // 2]
+
+
+def calibrate(lm: DiffusionLM, shape_name: str, device_name: str, smoke: bool) -> dict:
+    """Time the trace's forward shapes; fit and (on a known GPU) save the projection's constants."""
+    from benchmarks.hardware import DEVICES, MODELS
+    from benchmarks.projection import calibration_rows, fit_constants, forward_cost, load_constants, save_constants
+
+    width, repeats = (96, 2) if smoke else (416, 5)
+    samples = [time_forward(lm, refresh_rows, window_rows, width, repeats)
+               for shapes in CALIBRATION_SHAPES.values() for refresh_rows, window_rows in shapes]
+    key, model_key = device_key(device_name), PROJECTION_MODELS.get(shape_name)
+    if key is None or model_key is None:  # a CPU smoke run: the timing path only
+        return {"samples": [record.to_dict() | {"measured_s": seconds} for record, seconds in samples],
+                "fitted": None}
+    model, device = MODELS[model_key], DEVICES[key]
+    before = load_constants(key)
+    fitted = fit_constants(samples, model, device)
+    rows = calibration_rows(samples, model, device, fitted)
+    for row, (record, _) in zip(rows, samples):
+        row["projected_before_s"] = forward_cost(record, model, device, before).time_s
+    path = save_constants(fitted, key, rows) if model_key == "llada-8b" else None
+    return {"fitted": fitted.to_dict(), "previous": before.to_dict(), "rows": rows,
+            "written": str(path) if path else None}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, seconds")
@@ -207,8 +297,14 @@ def main(argv: list[str] | None = None) -> dict:
         entry["weights_gib"] = torch.cuda.memory_allocated() / GIB if memory.cuda else None
         workload = humaneval_workload(lm, requests, max_new_tokens)
         entry["workload"] = workload.notes
-        run_system(lm, "block", workload.head(2), max_batch_size=2, decoding="quota", steps_per_block=2)  # warm-up
+        run_system(lm, "block", workload.head(2), max_batch_size=2, decoding="quota", steps_per_block=2,
+                   max_model_len=widest_row(workload))  # warm-up
         entry["build_and_warmup_s"] = time.perf_counter() - build_started
+        entry["calibration"] = calibrate(lm, name, out["device"], args.smoke)
+        for row in (entry["calibration"].get("rows") or []):
+            print(f"  {name} {row['kind']:>7} rows {row['refresh_rows']}+{row['window_rows']}: measured "
+                  f"{row['measured_s'] * 1e3:.2f} ms, projected {row['projected_s'] * 1e3:.2f} ms "
+                  f"(before calibration {row['projected_before_s'] * 1e3:.2f} ms)", file=sys.stderr)
         for label, decoding in DECODINGS.items():
             if time.perf_counter() - started > args.time_budget_s:
                 entry[label] = "skipped: time budget"

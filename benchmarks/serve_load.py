@@ -1,9 +1,11 @@
-"""Online load benchmark: Poisson arrivals against the serving loop, BlockServe vs a static batcher.
+"""Online load benchmark: Poisson arrivals against the serving loop, our schedules vs a static batcher.
 
 Both systems are the replica's own serving loop (``actors.serve_loop.EngineLoop``) over one loaded
 model, driven in-process without HTTP: the HTTP/Serve layer adds the same few milliseconds to both and
 only noise to the comparison, while the loop is where the policies differ.
 
+* ``step``: engine ``schedule="step"`` + ``batching="continuous"``: a row leaves or starts its next block
+  at the step its block completes, and arrivals join at the next step, under the token budget.
 * ``blockserve``: engine ``schedule="block"`` + ``batching="continuous"``: requests join and leave at
   every block boundary under the token budget.
 * ``static``: engine ``schedule="static"`` + ``batching="static"``: collect up to ``max_batch_size``
@@ -37,7 +39,7 @@ from engine.prompts import encode_prompt
 from tinylm.tasks import read_jsonl
 
 DATA = Path(__file__).resolve().parents[1] / "assets" / "data" / "heldout.jsonl"
-SYSTEMS = {"blockserve": ("block", "continuous"), "static": ("static", "static")}
+SYSTEMS = {"step": ("step", "continuous"), "blockserve": ("block", "continuous"), "static": ("static", "static")}
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,8 @@ def summarize(results: list[RunResult]) -> list[dict]:
                 "ttfb_p99_s", "effective_compute_ratio")}
         row["p99_latency_ratio"] = row["blockserve"]["latency_p99_s"] / row["static"]["latency_p99_s"]
         row["throughput_ratio"] = row["blockserve"]["throughput_tok_s"] / row["static"]["throughput_tok_s"]
+        row["step_over_block_p99_latency"] = row["step"]["latency_p99_s"] / row["blockserve"]["latency_p99_s"]
+        row["step_over_block_throughput"] = row["step"]["throughput_tok_s"] / row["blockserve"]["throughput_tok_s"]
         summary.append(row)
     return summary
 

@@ -1,11 +1,13 @@
 """The systems under test and one honest way to run them.
 
-All three are schedules of the same engine on the same loaded model, so every difference measured is
-the batching policy's: ``block`` (BlockServe), ``static`` (Fast-dLLM's fixed batches) and ``shrink``
-(Fast-dLLM v2 / dInfer: finished rows leave, nobody joins).
+All four are schedules of the same engine on the same loaded model, so every difference measured is
+the batching policy's: ``step`` (ours: rows advance block by block on their own), ``block``
+(BlockServe's block cycles), ``static`` (Fast-dLLM's fixed batches) and ``shrink`` (Fast-dLLM v2 /
+dInfer: finished rows leave, nobody joins).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import statistics
 import time
@@ -17,8 +19,9 @@ from engine.models.loader import DiffusionLM
 
 from benchmarks.workloads import Workload, exact_match
 
-SYSTEMS = ("block", "static", "shrink")
-LABELS = {"block": "BlockServe (block)", "static": "Fast-dLLM (static)", "shrink": "Fast-dLLM v2/dInfer (shrink)"}
+SYSTEMS = ("step", "block", "static", "shrink")
+LABELS = {"step": "ours (step)", "block": "BlockServe (block)", "static": "Fast-dLLM (static)",
+          "shrink": "Fast-dLLM v2/dInfer (shrink)"}
 
 
 @dataclass
@@ -41,7 +44,9 @@ class RunResult:
         return self.stats["tokens_per_s"]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready, without the per-forward trace (``extra["trace"]``, for projections)."""
+        extra = {key: value for key, value in self.extra.items() if key != "trace"}
+        return asdict(dataclasses.replace(self, extra=extra))
 
 
 def run_system(lm: DiffusionLM, system: str, workload: Workload, **config: Any) -> RunResult:
@@ -67,7 +72,7 @@ def run_system(lm: DiffusionLM, system: str, workload: Workload, **config: Any) 
                      stats=engine.stats().to_dict(), accuracy=exact_match(ordered, workload.answers),
                      requests=requests, peak_rows=max(cycle_rows, default=0),
                      mean_cycle_rows=sum(cycle_rows) / max(len(cycle_rows), 1), wall_s=wall_s,
-                     extra={"outputs_digest": outputs_digest(ordered)})
+                     extra={"outputs_digest": outputs_digest(ordered), "trace": list(engine.stats_collector.trace)})
 
 
 def outputs_digest(outputs) -> str:

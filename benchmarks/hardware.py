@@ -1,0 +1,136 @@
+"""Every hardware and model-shape constant the GPU projection uses, each with its source.
+
+Two kinds of number live here:
+
+* **Datasheet / config facts** (peak FLOP/s, HBM bandwidth, memory; layer counts and widths). Sources are
+  named next to each value. Vendor "GB" and "TB/s" are decimal (1e9, 1e12).
+* **Assumptions to be calibrated** (``efficiency``, ``bandwidth_efficiency``, ``launch_overhead_s``). They
+  are round guesses until a GPU run writes ``benchmarks/calibration/<device>.json`` (see
+  ``benchmarks.projection.load_constants`` / ``fit_constants``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# --- assumptions (UNCALIBRATED) --------------------------------------------------------------------
+DEFAULT_EFFICIENCY = 0.6
+"""Fraction of peak dense bf16 FLOP/s a large GEMM reaches. Assumption: cuBLAS bf16 GEMMs of a few
+thousand rows typically reach 60-75% of Hopper's dense peak; 0.6 also absorbs the non-GEMM kernels."""
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.85
+"""Fraction of datasheet HBM bandwidth a weight/KV stream reaches. Assumption: large copies typically
+reach 80-90% of the datasheet figure."""
+KERNELS_PER_LAYER = 15
+"""Assumption: kernels per transformer layer in a plain eager forward (2 norms, q/k/v/o projections,
+RoPE, attention, 3 MLP GEMMs + activation, 2 residual adds); fused paths launch fewer, naive ones more."""
+SECONDS_PER_KERNEL = 4e-6
+"""Assumption: fixed cost per small kernel (launch + ramp-up/tail) that the roofline does not see."""
+DEFAULT_LAUNCH_OVERHEAD_S = KERNELS_PER_LAYER * 32 * SECONDS_PER_KERNEL
+"""Fixed seconds added to every forward: 15 kernels x 32 layers (LLaDA-8B) x 4 us ~= 1.9 ms. One figure
+per device, NOT scaled by the model's layer count (Dream-7B's 28 layers would give ~1.7 ms). CUDA graphs
+or torch.compile shrink it; calibration replaces it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """An accelerator's datasheet figures plus the default (uncalibrated) efficiency assumptions."""
+
+    name: str
+    peak_flops: float  # dense (no 2:4 sparsity) bf16 tensor-core FLOP/s
+    bandwidth: float  # HBM bytes/s
+    memory_bytes: float
+    efficiency: float = DEFAULT_EFFICIENCY
+    bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
+    launch_overhead_s: float = DEFAULT_LAUNCH_OVERHEAD_S
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """Arithmetic intensity where compute time = memory time at the datasheet peaks."""
+        return self.peak_flops / self.bandwidth
+
+
+# Sources: NVIDIA H200 Tensor Core GPU datasheet (SXM: BF16 1,979 TFLOPS *with sparsity* -> 989 dense,
+# 4.8 TB/s HBM3e, 141 GB); NVIDIA H100 datasheet (SXM: BF16 1,979 sparse -> 989 dense, 3.35 TB/s, 80 GB);
+# NVIDIA A100 datasheet (80GB SXM: BF16 312 TFLOPS dense, 2,039 GB/s HBM2e, 80 GB).
+H200_SXM = Device("NVIDIA H200 SXM", peak_flops=989e12, bandwidth=4.8e12, memory_bytes=141e9)
+H100_SXM = Device("NVIDIA H100 SXM", peak_flops=989e12, bandwidth=3.35e12, memory_bytes=80e9)
+A100_SXM_80GB = Device("NVIDIA A100 80GB SXM", peak_flops=312e12, bandwidth=2.039e12, memory_bytes=80e9)
+
+DEVICES: dict[str, Device] = {"h200": H200_SXM, "h100": H100_SXM, "a100": A100_SXM_80GB}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """A dense transformer's shapes, enough to count parameters, FLOPs and bytes per forward.
+
+    Blocks: attention q (hidden x heads*head_dim), k and v (hidden x kv_heads*head_dim each, + bias when
+    ``qkv_bias``), o (heads*head_dim x hidden); SwiGLU gate, up, down (hidden x intermediate each).
+    Norm weights are ignored (< 0.01% of the bytes). The embedding is a gather of the rows' tokens,
+    never streamed whole, so it is not in ``weight_bytes``; the LM head is (untied in both models).
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    qkv_bias: bool = False
+    bytes_per_param: int = 2  # bf16
+
+    @property
+    def layer_params(self) -> int:
+        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = self.hidden * q_width + 2 * self.hidden * kv_width + q_width * self.hidden
+        bias = (q_width + 2 * kv_width) if self.qkv_bias else 0
+        return attention + bias + 3 * self.hidden * self.intermediate
+
+    @property
+    def block_params(self) -> int:
+        """Parameters of all transformer blocks (what every forward token multiplies through)."""
+        return self.layers * self.layer_params
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.hidden * self.vocab
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes streamed from HBM by one forward that computes logits: blocks + LM head."""
+        return (self.block_params + self.lm_head_params) * self.bytes_per_param
+
+    @property
+    def block_flops_per_token(self) -> int:
+        """2 x block params: the linear-layer FLOPs of one forward token (what the projection uses;
+        the LM head is charged only at ``logit_positions``, attention separately)."""
+        return 2 * self.block_params
+
+    @property
+    def flops_per_token(self) -> int:
+        """2 x (block + LM head) params: the usual "FLOPs per token" of a dense LM (~15.0e9 for LLaDA-8B,
+        design doc section 7). Informational: it assumes logits at every position."""
+        return 2 * (self.block_params + self.lm_head_params)
+
+    @property
+    def attention_flops_per_query_key(self) -> int:
+        """QK^T and AV over all layers: 2 matmuls x 2 FLOPs x heads*head_dim, per (query, key) pair."""
+        return 4 * self.layers * self.heads * self.head_dim
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Cache bytes per cached position: layers x (K and V) x kv_heads x head_dim x bytes."""
+        return self.layers * 2 * self.kv_heads * self.head_dim * self.bytes_per_param
+
+
+# Sources: GSAI-ML/LLaDA-8B-Instruct config.json (n_layers 32, d_model 4096, n_heads 32, n_kv_heads 32,
+# mlp_hidden_size 12288, vocab/embedding_size 126464, weight_tying false; SwiGLU, no biases) and
+# Dream-org/Dream-v0-Instruct-7B config.json (Qwen2.5-7B shapes: num_hidden_layers 28, hidden_size 3584,
+# num_attention_heads 28, num_key_value_heads 4, intermediate_size 18944, vocab_size 152064, QKV bias,
+# tie_word_embeddings false). The same shapes are in benchmarks/gpu.py SHAPES.
+LLADA_8B = ModelShape("LLaDA-8B-Instruct", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128,
+                      intermediate=12288, vocab=126464)
+DREAM_7B = ModelShape("Dream-v0-Instruct-7B", layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128,
+                      intermediate=18944, vocab=152064, qkv_bias=True)
+
+MODELS: dict[str, ModelShape] = {"llada-8b": LLADA_8B, "dream-7b": DREAM_7B}

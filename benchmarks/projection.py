@@ -1,0 +1,275 @@
+"""Project what a recorded forward trace would cost on a GPU with real model shapes (a roofline).
+
+Benchmarks run a tiny model on a CPU, but every model call leaves an ``engine.trace.ForwardRecord``
+(rows, tokens, context, logit positions). Here each record is priced on a ``benchmarks.hardware.Device``
+for a ``ModelShape`` (H = heads x head_dim, V = vocab, kv = KV-cache bytes per position):
+
+    FLOPs = 2 x block_params x forward_tokens                            linear layers
+          + 4 x layers x H x (refresh_rows x refresh_width x refresh_width     QK^T and AV, each part
+                              + window_rows x window_tokens x window_context)  at its own context
+          + 2 x hidden x V x logit_positions                                 LM head
+    bytes = block weights, once per call (a packed call streams them once for both parts)
+          + LM head weights, once, when the call computes any logits
+          + kv x window_rows x window_context                                window reads its cache
+          + kv x refresh_rows x refresh_width                                refresh reads its own K/V once
+          + kv x (refresh_rows x refresh_width + window_rows x window_tokens)  K/V written
+          + 2 x V x logit_positions                                          bf16 logits written
+    time  = max(FLOPs / (peak x efficiency), bytes / (bandwidth x bandwidth_efficiency))
+            + launch_overhead
+
+Not counted: activations moving between kernels, norms, the float32 softmax over the logits, the
+embedding gather. The calibrated ``efficiency`` / ``bandwidth_efficiency`` / ``launch_overhead_s``
+absorb them (``fit_constants`` on measured GPU seconds; ``load_constants`` reads the result).
+
+Per-part time of a packed call: each part is costed as if it were its own call and the two figures are
+scaled so they sum to the packed call's time (so refresh_s + window_s = total_s, and packing's saving is
+shared in proportion to what each part would have cost alone).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from benchmarks.hardware import DEVICES, MODELS, Device, ModelShape
+
+if TYPE_CHECKING:  # only the type: importing the engine package would pull in torch
+    from engine.trace import ForwardRecord
+
+CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
+DEFAULT_SOURCE = "default (uncalibrated assumptions, benchmarks/hardware.py)"
+
+
+@dataclass(frozen=True, slots=True)
+class Constants:
+    """The three figures the roofline needs beyond the datasheet, and where they came from."""
+
+    efficiency: float  # fraction of peak FLOP/s reached
+    bandwidth_efficiency: float  # fraction of HBM bandwidth reached
+    launch_overhead_s: float  # fixed seconds per forward
+    source: str = DEFAULT_SOURCE
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardCost:
+    flops: float
+    bytes: float
+    compute_s: float  # flops / (peak x efficiency)
+    memory_s: float  # bytes / (bandwidth x bandwidth_efficiency)
+    time_s: float  # max(compute_s, memory_s) + launch overhead
+    bound: str  # "compute" | "memory"
+
+
+def default_constants(device: Device) -> Constants:
+    return Constants(device.efficiency, device.bandwidth_efficiency, device.launch_overhead_s)
+
+
+def load_constants(device_name: str, directory: Path = CALIBRATION_DIR) -> Constants:
+    """``<directory>/<device_name>.json`` when a GPU run wrote one, else the device's defaults."""
+    path = Path(directory) / f"{device_name}.json"
+    if not path.exists():
+        return default_constants(DEVICES[device_name])
+    data = json.loads(path.read_text())
+    source = f"calibrated {data.get('date', '?')}: {path.name}"
+    return Constants(float(data["efficiency"]), float(data["bandwidth_efficiency"]),
+                     float(data["launch_overhead_s"]), source=source)
+
+
+def save_constants(constants: Constants, device_name: str, measured_rows: Sequence[dict],
+                   directory: Path = CALIBRATION_DIR) -> Path:
+    """Write the fitted constants with today's date and the measured-vs-projected rows behind them."""
+    path = Path(directory) / f"{device_name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"device": device_name, "date": datetime.date.today().isoformat(), **constants.to_dict(),
+               "rows": list(measured_rows)}
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path
+
+
+def forward_flops(record: ForwardRecord, model: ModelShape) -> float:
+    attention_pairs = (record.refresh_rows * record.refresh_width * record.refresh_width
+                       + record.window_rows * record.window_tokens * record.window_context)
+    return float(model.block_flops_per_token * record.forward_tokens
+                 + model.attention_flops_per_query_key * attention_pairs
+                 + 2 * model.lm_head_params * record.logit_positions)
+
+
+def forward_bytes(record: ForwardRecord, model: ModelShape) -> float:
+    if record.forward_tokens == 0:
+        return 0.0
+    weights = model.block_params + (model.lm_head_params if record.logit_positions else 0)
+    refresh_positions = record.refresh_rows * record.refresh_width
+    kv_positions = (record.window_rows * record.window_context  # window reads its cache
+                    + refresh_positions  # refresh attention reads its own fresh K/V once
+                    + refresh_positions + record.window_rows * record.window_tokens)  # K/V written
+    logits = record.logit_positions * model.vocab
+    return float((weights + logits) * model.bytes_per_param + kv_positions * model.kv_bytes_per_token)
+
+
+def _roofline(flops: float, nbytes: float, device: Device, constants: Constants) -> ForwardCost:
+    compute_s = flops / (device.peak_flops * constants.efficiency)
+    memory_s = nbytes / (device.bandwidth * constants.bandwidth_efficiency)
+    overhead = constants.launch_overhead_s if (flops or nbytes) else 0.0
+    return ForwardCost(flops, nbytes, compute_s, memory_s, max(compute_s, memory_s) + overhead,
+                       "compute" if compute_s >= memory_s else "memory")
+
+
+def forward_cost(record: ForwardRecord, model: ModelShape, device: Device,
+                 constants: Constants | None = None) -> ForwardCost:
+    """The roofline time of one model call (see the module docstring for what is counted)."""
+    constants = constants or default_constants(device)
+    return _roofline(forward_flops(record, model), forward_bytes(record, model), device, constants)
+
+
+def split_two_forwards(record: ForwardRecord) -> tuple[ForwardRecord, ...]:
+    """The call's parts as separate calls: (refresh-only, window-only) for a packed call, else (record,).
+
+    The record does not say which part computed which logits, nor which real tokens: both are split in
+    proportion to rows (every row computes logits for its block in either part).
+    """
+    if record.kind != "packed":
+        return (record,)
+    share = record.refresh_rows / record.rows
+    refresh_logits = round(record.logit_positions * share)
+    refresh_real = round(record.real_tokens * share)
+    refresh = dataclasses.replace(record, window_rows=0, window_tokens=0, window_context=0,
+                                  logit_positions=refresh_logits, real_tokens=refresh_real)
+    window = dataclasses.replace(record, refresh_rows=0, refresh_width=0,
+                                 logit_positions=record.logit_positions - refresh_logits,
+                                 real_tokens=record.real_tokens - refresh_real)
+    return refresh, window
+
+
+def _resolve(model: ModelShape | str, device: Device | str) -> tuple[ModelShape, Device, str | None]:
+    model = MODELS[model] if isinstance(model, str) else model
+    if isinstance(device, str):
+        return model, DEVICES[device], device
+    key = next((name for name, known in DEVICES.items() if known == device), None)
+    return model, device, key
+
+
+def project(trace: Sequence[ForwardRecord], generated_tokens: int, model: ModelShape | str,
+            device: Device | str, constants: Constants | None = None, packed: bool = True) -> dict:
+    """Projected seconds, tok/s and MFU of a whole trace.
+
+    ``constants`` defaults to ``load_constants`` for a known device (a calibration file wins over the
+    defaults; the result's ``constants.source`` says which). With ``packed=False`` every packed call is
+    costed as its two parts run one after the other (what the engine would pay without packing).
+    MFU = counted FLOPs (padding included) / (total seconds x peak).
+    """
+    model, device, key = _resolve(model, device)
+    if constants is None:
+        constants = load_constants(key) if key else default_constants(device)
+    calls = {"refresh": 0, "window": 0, "packed": 0}
+    total_s = refresh_s = window_s = flops = nbytes = 0.0
+    rows = tokens = compute_bound = 0
+    for record in trace:
+        parts = split_two_forwards(record)
+        part_costs = [forward_cost(part, model, device, constants) for part in parts]
+        if len(parts) == 1:
+            units, scale = [(record, part_costs[0])], 1.0
+        elif packed:
+            units = [(record, forward_cost(record, model, device, constants))]
+            scale = units[0][1].time_s / sum(cost.time_s for cost in part_costs)
+        else:
+            units, scale = list(zip(parts, part_costs)), 1.0
+        for unit, cost in units:
+            calls[unit.kind] += 1
+            total_s += cost.time_s
+            flops += cost.flops
+            nbytes += cost.bytes
+            rows += unit.rows
+            tokens += unit.forward_tokens
+            compute_bound += cost.bound == "compute"
+        for part, cost in zip(parts, part_costs):
+            if part.refresh_rows:
+                refresh_s += cost.time_s * scale
+            else:
+                window_s += cost.time_s * scale
+    n_calls = sum(calls.values())
+    return {
+        "model": model.name, "device": device.name, "packed": packed, "constants": constants.to_dict(),
+        "calls": n_calls, "calls_by_kind": calls,
+        "total_s": total_s, "refresh_s": refresh_s, "window_s": window_s,
+        "launch_overhead_s": n_calls * constants.launch_overhead_s,
+        "compute_bound_calls": compute_bound,
+        "flops": flops, "bytes": nbytes,
+        "generated_tokens": generated_tokens,
+        "tokens_per_s": generated_tokens / total_s if total_s else 0.0,
+        "mfu": flops / (total_s * device.peak_flops) if total_s else 0.0,
+        "mean_rows_per_forward": rows / n_calls if n_calls else 0.0,
+        "mean_tokens_per_forward": tokens / n_calls if n_calls else 0.0,
+    }
+
+
+def _fit_grid(flops: np.ndarray, nbytes: np.ndarray, seconds: np.ndarray, device: Device,
+              efficiencies: np.ndarray, bandwidths: np.ndarray,
+              prior: tuple[float, float]) -> tuple[float, float, float, float]:
+    """Best (efficiency, bandwidth_efficiency, overhead, loss) on a grid; overhead in closed form.
+
+    Residuals are relative (weight 1/t^2) so millisecond window steps count as much as long refreshes.
+    For fixed efficiencies the roofline part r_i is known and the weighted least-squares overhead is
+    o = sum w_i (t_i - r_i) / sum w_i, clipped at 0. Ties (a parameter no sample is bound by) go to the
+    grid point nearest ``prior``.
+    """
+    weights = 1.0 / seconds**2
+    memory = nbytes[None, :] / (device.bandwidth * bandwidths[:, None])  # [nb, n]
+    best: list[tuple[float, float, float, float]] = []
+    for efficiency in efficiencies:
+        roof = np.maximum(flops / (device.peak_flops * efficiency), memory)  # [nb, n]
+        overhead = np.clip(((seconds - roof) * weights).sum(1) / weights.sum(), 0.0, None)
+        loss = (((seconds - roof - overhead[:, None]) ** 2) * weights).sum(1)
+        best.extend(zip([float(efficiency)] * len(bandwidths), bandwidths.tolist(), overhead.tolist(),
+                        loss.tolist()))
+    lowest = min(entry[3] for entry in best)
+    ties = [entry for entry in best if entry[3] <= lowest * (1 + 1e-9) + 1e-15]
+    return min(ties, key=lambda e: (e[0] - prior[0]) ** 2 + (e[1] - prior[1]) ** 2)
+
+
+def fit_constants(samples: Sequence[tuple[ForwardRecord, float]], model: ModelShape,
+                  device: Device) -> Constants:
+    """Least-squares fit of (efficiency, bandwidth_efficiency, launch_overhead_s) to measured seconds.
+
+    A coarse grid (step 0.005), then finer grids (steps 5e-4, 5e-5, 5e-6) around the best point; numpy
+    only. Each efficiency is only identified by samples bound by it: include small window steps (memory-bound)
+    and large refreshes (compute-bound). An unidentified one stays at the device default.
+    """
+    if not samples:
+        raise ValueError("fit_constants needs at least one (record, seconds) sample")
+    flops = np.array([forward_flops(record, model) for record, _ in samples])
+    nbytes = np.array([forward_bytes(record, model) for record, _ in samples])
+    seconds = np.array([float(s) for _, s in samples])
+    prior = (device.efficiency, device.bandwidth_efficiency)
+    grid = np.arange(1, 201) * 0.005
+    e, b, overhead, loss = _fit_grid(flops, nbytes, seconds, device, grid, grid, prior)
+    for step in (5e-4, 5e-5, 5e-6):  # zoom: +-8 previous steps, recentred at an edge
+        for _ in range(10):
+            offsets = np.arange(-80, 81) * step
+            axes = [np.unique(np.clip(centre + offsets, step, 1.0)) for centre in (e, b)]
+            e, b, overhead, loss = _fit_grid(flops, nbytes, seconds, device, *axes, prior)
+            if all(axis[0] < value < axis[-1] or value in (step, 1.0) for axis, value in zip(axes, (e, b))):
+                break
+    rms = math.sqrt(loss / len(samples))
+    return Constants(e, b, overhead,
+                     source=f"fit to {len(samples)} samples on {device.name} (rms relative error {rms:.1%})")
+
+
+def calibration_rows(samples: Sequence[tuple[ForwardRecord, float]], model: ModelShape, device: Device,
+                     constants: Constants) -> list[dict]:
+    """The measured-vs-projected table ``save_constants`` stores next to the constants."""
+    rows = []
+    for record, seconds in samples:
+        cost = forward_cost(record, model, device, constants)
+        rows.append(record.to_dict() | {"measured_s": seconds, "projected_s": cost.time_s,
+                                        "bound": cost.bound})
+    return rows

@@ -1,0 +1,192 @@
+"""The GPU projection: model arithmetic, roofline of one call, a whole trace, and calibration."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks.hardware import DEVICES, DREAM_7B, H200_SXM, LLADA_8B, MODELS
+from benchmarks.projection import (
+    DEFAULT_SOURCE,
+    Constants,
+    calibration_rows,
+    default_constants,
+    fit_constants,
+    forward_cost,
+    load_constants,
+    project,
+    save_constants,
+    split_two_forwards,
+)
+from engine.trace import ForwardRecord
+
+DATASHEET_PEAKS = Constants(efficiency=1.0, bandwidth_efficiency=1.0, launch_overhead_s=0.0)
+
+
+def window(rows: int, tokens: int = 32, context: int = 406) -> ForwardRecord:
+    return ForwardRecord(window_rows=rows, window_tokens=tokens, window_context=context,
+                         logit_positions=rows * 32, real_tokens=rows * context)
+
+
+def refresh(rows: int, width: int = 406) -> ForwardRecord:
+    return ForwardRecord(refresh_rows=rows, refresh_width=width, logit_positions=rows * 32,
+                         real_tokens=rows * width)
+
+
+def packed(refresh_rows: int, window_rows: int, width: int = 406) -> ForwardRecord:
+    return ForwardRecord(refresh_rows=refresh_rows, refresh_width=width, window_rows=window_rows,
+                         window_tokens=32, window_context=width,
+                         logit_positions=(refresh_rows + window_rows) * 32,
+                         real_tokens=(refresh_rows + window_rows) * width)
+
+
+# --- model arithmetic (design doc section 7) --------------------------------------------------------
+
+def test_llada_costs_about_15_gflop_per_forward_token():
+    assert LLADA_8B.flops_per_token == pytest.approx(15e9, rel=0.1)  # 2 x (blocks + LM head)
+    assert LLADA_8B.block_flops_per_token == pytest.approx(14e9, rel=0.01)  # what the projection charges
+
+
+def test_llada_has_7b_block_params_and_a_half_billion_lm_head():
+    assert LLADA_8B.block_params == pytest.approx(7.0e9, rel=0.01)
+    assert LLADA_8B.lm_head_params == pytest.approx(0.52e9, rel=0.01)
+    assert LLADA_8B.weight_bytes == pytest.approx(15.0e9, rel=0.01)  # bf16, embedding not streamed
+
+
+def test_kv_cache_bytes_per_token():
+    assert LLADA_8B.kv_bytes_per_token == 512 * 1024  # 32 layers x K,V x 4096 x 2 bytes
+    assert DREAM_7B.kv_bytes_per_token == 56 * 1024  # GQA: 28 layers x K,V x 4 x 128 x 2 bytes
+
+
+def test_every_model_fits_on_every_device():
+    assert set(DEVICES) == {"h200", "h100", "a100"} and set(MODELS) == {"llada-8b", "dream-7b"}
+    for device in DEVICES.values():
+        for model in MODELS.values():
+            assert model.weight_bytes < device.memory_bytes
+
+
+# --- one call ---------------------------------------------------------------------------------------
+
+def test_one_row_window_step_is_memory_bound_and_pays_for_streaming_the_weights():
+    cost = forward_cost(window(rows=1), LLADA_8B, H200_SXM)
+    weights_s = LLADA_8B.weight_bytes / H200_SXM.bandwidth
+    assert cost.bound == "memory"
+    assert weights_s == pytest.approx(3.3e-3, rel=0.1)
+    assert cost.time_s >= weights_s
+
+
+def test_sixteen_row_refresh_of_400_tokens_is_compute_bound():
+    cost = forward_cost(refresh(rows=16, width=400), LLADA_8B, H200_SXM)
+    assert cost.bound == "compute"
+    assert cost.time_s > 10 * cost.memory_s
+
+
+def test_window_steps_cross_the_roofline_at_about_seven_rows():
+    bounds = {rows: forward_cost(window(rows), LLADA_8B, H200_SXM, DATASHEET_PEAKS).bound
+              for rows in range(1, 13)}
+    assert all(bounds[rows] == "memory" for rows in range(1, 8))
+    assert all(bounds[rows] == "compute" for rows in range(8, 13))
+
+
+def test_attention_is_charged_at_each_parts_own_context():
+    short, long = window(rows=4, context=200), window(rows=4, context=1200)
+    extra = forward_cost(long, LLADA_8B, H200_SXM).flops - forward_cost(short, LLADA_8B, H200_SXM).flops
+    assert extra == 4 * LLADA_8B.layers * LLADA_8B.hidden * (4 * 32) * 1000  # QK^T + AV, 1000 more keys
+
+
+def test_split_two_forwards_keeps_every_row_token_and_logit():
+    record = packed(refresh_rows=3, window_rows=5)
+    refresh_part, window_part = split_two_forwards(record)
+    assert (refresh_part.kind, window_part.kind) == ("refresh", "window")
+    assert refresh_part.forward_tokens + window_part.forward_tokens == record.forward_tokens
+    assert refresh_part.logit_positions + window_part.logit_positions == record.logit_positions
+    assert refresh_part.real_tokens + window_part.real_tokens == record.real_tokens
+    assert split_two_forwards(window(rows=2)) == (window(rows=2),)
+
+
+def test_packing_streams_the_weights_once_and_saves_when_the_window_part_is_memory_bound():
+    record = packed(refresh_rows=1, window_rows=2)
+    whole = forward_cost(record, LLADA_8B, H200_SXM)
+    parts = [forward_cost(part, LLADA_8B, H200_SXM) for part in split_two_forwards(record)]
+    assert parts[1].bound == "memory"
+    assert whole.flops == pytest.approx(sum(part.flops for part in parts))
+    assert sum(part.bytes for part in parts) - whole.bytes == pytest.approx(LLADA_8B.weight_bytes)
+    assert whole.time_s < sum(part.time_s for part in parts)
+
+
+# --- a trace ----------------------------------------------------------------------------------------
+
+def static_batch_trace(blocks: int = 8, steps: int = 10) -> list[ForwardRecord]:
+    return [record for _ in range(blocks) for record in [refresh(16)] + [window(16)] * steps]
+
+
+def test_project_reports_tokens_per_second_and_mfu():
+    result = project(static_batch_trace(), 1600, "llada-8b", "h200", default_constants(H200_SXM))
+    assert result["calls"] == 88 and result["calls_by_kind"] == {"refresh": 8, "window": 80, "packed": 0}
+    assert result["tokens_per_s"] == pytest.approx(1600 / result["total_s"])
+    assert 0 < result["mfu"] <= 1
+    assert result["refresh_s"] + result["window_s"] == pytest.approx(result["total_s"])
+    assert result["mean_rows_per_forward"] == 16
+    assert result["constants"]["source"] == DEFAULT_SOURCE
+
+
+def test_project_without_packing_costs_each_packed_call_as_two():
+    trace = [packed(refresh_rows=1, window_rows=3), window(rows=4)]
+    together = project(trace, 100, LLADA_8B, H200_SXM, default_constants(H200_SXM))
+    apart = project(trace, 100, LLADA_8B, H200_SXM, default_constants(H200_SXM), packed=False)
+    assert together["calls_by_kind"] == {"refresh": 0, "window": 1, "packed": 1}
+    assert apart["calls_by_kind"] == {"refresh": 1, "window": 2, "packed": 0}
+    assert apart["total_s"] > together["total_s"]
+    assert together["refresh_s"] + together["window_s"] == pytest.approx(together["total_s"])
+    assert apart["flops"] == pytest.approx(together["flops"])
+
+
+# --- calibration ------------------------------------------------------------------------------------
+
+def synthetic_samples(truth: Constants, noise: float = 0.0) -> list[tuple[ForwardRecord, float]]:
+    records = ([window(rows) for rows in (1, 2, 3, 4, 6, 12, 16, 32)]
+               + [refresh(rows, width) for rows in (1, 4, 16) for width in (200, 406, 800)]
+               + [packed(2, 6), packed(1, 1)])
+    generator = np.random.default_rng(0)
+    return [(record, forward_cost(record, LLADA_8B, H200_SXM, truth).time_s
+             * (1 + noise * generator.standard_normal())) for record in records]
+
+
+def test_fit_constants_recovers_the_constants_that_generated_the_samples():
+    truth = Constants(efficiency=0.537, bandwidth_efficiency=0.812, launch_overhead_s=1.3e-3)
+    fitted = fit_constants(synthetic_samples(truth), LLADA_8B, H200_SXM)
+    assert fitted.efficiency == pytest.approx(truth.efficiency, abs=2e-4)
+    assert fitted.bandwidth_efficiency == pytest.approx(truth.bandwidth_efficiency, abs=2e-4)
+    assert fitted.launch_overhead_s == pytest.approx(truth.launch_overhead_s, rel=0.02)
+    assert fitted.source.startswith("fit to 19 samples")
+
+
+def test_fit_constants_tolerates_measurement_noise():
+    truth = Constants(efficiency=0.42, bandwidth_efficiency=0.9, launch_overhead_s=2e-3)
+    fitted = fit_constants(synthetic_samples(truth, noise=0.01), LLADA_8B, H200_SXM)
+    assert fitted.efficiency == pytest.approx(truth.efficiency, rel=0.03)
+    assert fitted.bandwidth_efficiency == pytest.approx(truth.bandwidth_efficiency, rel=0.03)
+
+
+def test_constants_come_from_the_calibration_file_when_a_gpu_run_wrote_one(tmp_path):
+    assert load_constants("h200", tmp_path) == default_constants(H200_SXM)
+    samples = synthetic_samples(Constants(0.5, 0.8, 1e-3))
+    fitted = fit_constants(samples, LLADA_8B, H200_SXM)
+    path = save_constants(fitted, "h200", calibration_rows(samples, LLADA_8B, H200_SXM, fitted), tmp_path)
+    stored = json.loads(path.read_text())
+    assert stored["date"] and len(stored["rows"]) == len(samples)
+    assert {"measured_s", "projected_s", "kind"} <= set(stored["rows"][0])
+    loaded = load_constants("h200", tmp_path)
+    assert loaded.efficiency == fitted.efficiency
+    assert loaded.bandwidth_efficiency == fitted.bandwidth_efficiency
+    assert loaded.source.startswith("calibrated")
+
+
+def test_an_efficiency_no_sample_is_bound_by_stays_at_the_device_default():
+    truth = Constants(efficiency=0.5, bandwidth_efficiency=0.7, launch_overhead_s=1e-3)
+    compute_bound = [(record, seconds) for record, seconds in synthetic_samples(truth)
+                     if forward_cost(record, LLADA_8B, H200_SXM, truth).bound == "compute"]
+    fitted = fit_constants(compute_bound, LLADA_8B, H200_SXM)
+    assert fitted.efficiency == pytest.approx(0.5, abs=1e-3)
+    assert fitted.bandwidth_efficiency == pytest.approx(H200_SXM.bandwidth_efficiency, abs=1e-3)
