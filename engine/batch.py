@@ -52,10 +52,12 @@ class StepBatch:
 class RowArena:
     """Token ids, positions, key masks and (with a cache) keys/values for ``slots`` rows of ``width``."""
 
-    def __init__(self, lm: DiffusionLM, slots: int, width: int, block_length: int, cache_mode: str):
+    def __init__(self, lm: DiffusionLM, slots: int, width: int, block_length: int, cache_mode: str,
+                 window_lookback: int = 0):
         device = lm.device
         self.width, self.block_length, self.cache_mode = width, block_length, cache_mode
         self.mask_id, self.pad_id, self.logit_shift = lm.tokens.mask_id, lm.tokens.pad_id, lm.logit_shift
+        self.window_lookback = window_lookback  # columns a window starts before the block (<= logit_shift)
         self.kv = KVArena(lm.model.config, slots, width, lm.dtype, device) if cache_mode != "none" else None
         self.key_mask = (self.kv.key_mask if self.kv is not None
                          else torch.zeros((slots, width + 1), dtype=torch.bool, device=device))
@@ -146,18 +148,20 @@ class RowArena:
 
     def _window_part(self, rows: Sequence[Request], slots: torch.Tensor,
                      block_starts: torch.Tensor) -> WindowPart | None:
-        """dual: the block (and the column before it for a shifted family); prefix: block to row end.
+        """dual: the block; prefix: the block to the row's end. Either starts ``window_lookback`` columns
+        before the block (a shifted family then predicts every block position from the window).
 
         Prefix windows are ragged and left-aligned: a shorter row's missing tail points at the scratch
         column, which is never attended.
         """
         if not rows:
             return None
-        starts = block_starts - self.logit_shift
+        lookback = self.window_lookback
+        starts = block_starts - lookback
         if self.cache_mode == "dual":
-            length = self.block_length + self.logit_shift
+            length = self.block_length + lookback
         else:
-            length = self.width - min(self.block_start(r) for r in rows) + self.logit_shift
+            length = self.width - min(self.block_start(r) for r in rows) + lookback
         columns = starts[:, None] + torch.arange(length, device=starts.device)
         columns = columns.masked_fill(columns >= self.width, self.width)
         safe = columns.masked_fill(columns >= self.width, 0)
@@ -166,7 +170,7 @@ class RowArena:
         contiguous = all(r.slot == first_slot + index for index, r in enumerate(rows))
         return WindowPart(tokens=self.tokens[slot_rows, safe], positions=self.positions[slot_rows, safe],
                           columns=columns, slots=slots, context_start=self.width - max(r.width for r in rows),
-                          num_read=self.block_length,
+                          num_read=self.block_length, read_shift=self.logit_shift - lookback,
                           slot_range=(first_slot, first_slot + len(rows)) if contiguous else None)
 
     def _record(self, refresh: Sequence[Request], window: Sequence[Request], refresh_part: RefreshPart | None,

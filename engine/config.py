@@ -7,12 +7,18 @@ from typing import Any
 
 SCHEDULES = ("step", "block", "static", "shrink")
 CACHE_MODES = ("dual", "prefix", "none")
-DECODING_RULES = ("threshold", "quota", "factor")
+DECODING_RULES = ("threshold", "quota", "factor", "factor_prefix")
+SHIFTED_DECODINGS = ("fast-dllm", "lookback")
 
 
 def blocks_needed(num_tokens: int, block_length: int) -> int:
     """Whole blocks that hold ``num_tokens`` tokens."""
     return -(-num_tokens // block_length)
+
+
+def window_lookback(config: EngineConfig, logit_shift: int) -> int:
+    """Columns a cached window starts before its block: Fast-dLLM's Dream windows start at the block."""
+    return logit_shift if config.shifted_decoding == "lookback" else 0
 
 
 def _fail(field: str, message: str) -> None:
@@ -29,10 +35,14 @@ class EngineConfig:
     token_budget: int | None = None  # bounding-box tokens (rows x widest row); None: derived, see below
     sort_pending: bool = True  # pending queue ordered by prompt length (else arrival order)
     cache: str = "dual"  # "dual" | "prefix" | "none"
-    decoding: str = "threshold"  # "threshold" | "quota" | "factor"
+    decoding: str = "threshold"  # "threshold" | "quota" | "factor" (Fast-dLLM's) | "factor_prefix" (the paper's)
     threshold: float = 0.9
     factor: float = 1.0
     steps_per_block: int | None = None  # cap on steps per block; the fixed step count in quota mode
+    # families whose logits are shifted by one (Dream): "fast-dllm" decodes as Fast-dLLM's Dream block
+    # decoding (a block's first step commits only its first position; cached windows start at the block);
+    # "lookback": windows start one column before the block and every step applies the rule
+    shifted_decoding: str = "fast-dllm"
     max_model_len: int | None = None  # widest admissible row (prompt + canvas), sizes the KV arena;
     # None: the model's maximum length, capped by the token budget
 
@@ -51,6 +61,8 @@ class EngineConfig:
             _fail("decoding", f"must be one of {DECODING_RULES}, got {self.decoding!r}")
         if not 0.0 < self.threshold <= 1.0:
             _fail("threshold", f"must be in (0, 1], got {self.threshold!r}")
+        if self.shifted_decoding not in SHIFTED_DECODINGS:
+            _fail("shifted_decoding", f"must be one of {SHIFTED_DECODINGS}, got {self.shifted_decoding!r}")
         if not self.factor > 0:
             _fail("factor", f"must be positive, got {self.factor!r}")
         if self.steps_per_block is not None:

@@ -9,8 +9,14 @@ Rules (Fast-dLLM / LLaDA):
   confident masked position, so each step makes progress.
 * ``quota``: LLaDA's low-confidence remasking with S steps per block; step k commits the k-th share of
   the block's masks (masks split evenly, the remainder going to the first steps), most confident first.
-* ``factor``: with masked confidences sorted c_1 >= c_2 >= ..., commit the largest prefix n such that
+* ``factor`` (Fast-dLLM's ``get_transfer_index_dynamic``): with masked confidences sorted
+  c_1 >= c_2 >= ... >= c_m, rank n passes when c_n >= 1 - f / (n + 1) (rank 1 always passes); commit
+  the ranks before the first one that fails, except that when only the last-ranked one fails (or none
+  does) all m are committed, so the last two masks of a block always go together.
+* ``factor_prefix`` (the paper's statement of the rule): commit the largest prefix n with
   (n + 1)(1 - c_n) < f, and at least one.
+A family with shifted logits decoded as Fast-dLLM does (``first_step_first_position``) commits only the
+block's first position at a block's first step, whatever the rule.
 Every rule ends: MASK is never a candidate token, each step commits at least one position, and the
 last allowed step (``steps_per_block``, or ``block_length`` at most) commits whatever is still masked,
 each with its best non-MASK token.
@@ -27,10 +33,17 @@ _UINT32 = 0xFFFFFFFF
 
 @dataclass(frozen=True)
 class DecodeRule:
-    kind: str  # "threshold" | "quota" | "factor"
+    kind: str  # "threshold" | "quota" | "factor" | "factor_prefix"
     threshold: float = 0.9
     factor: float = 1.0
     steps_per_block: int | None = None
+    first_step_first_position: bool = False
+
+
+def decode_rule(config, logit_shift: int) -> DecodeRule:
+    """The rule an engine config asks for, on a family with this logit shift."""
+    return DecodeRule(config.decoding, config.threshold, config.factor, config.steps_per_block,
+                      first_step_first_position=logit_shift > 0 and config.shifted_decoding == "fast-dllm")
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
@@ -113,6 +126,8 @@ def select_commits(rule: DecodeRule, confidence: torch.Tensor, masked: torch.Ten
         quota = quota_for_step(num_masked_at_start, step, rule.steps_per_block)
         commit = masked & (ranks < quota[:, None])
     elif rule.kind == "factor":
+        commit = masked & (ranks < _fast_dllm_factor_count(sorted_scores, masked.sum(-1), rule.factor)[:, None])
+    elif rule.kind == "factor_prefix":
         counts = torch.arange(1, masked.shape[-1] + 1, device=masked.device, dtype=confidence.dtype)
         passes = (counts + 1) * (1 - sorted_scores) < rule.factor
         passes[:, 0] = True
@@ -120,5 +135,21 @@ def select_commits(rule: DecodeRule, confidence: torch.Tensor, masked: torch.Ten
         commit = masked & (ranks < prefix[:, None])
     else:
         raise ValueError(f"unknown decoding rule {rule.kind!r}")
+    if rule.first_step_first_position:
+        first_only = torch.zeros_like(masked)
+        first_only[:, 0] = masked[:, 0]
+        commit = torch.where((step == 0)[:, None], first_only, commit)
     last_step = rule.steps_per_block or masked.shape[-1]
     return commit | (masked & (step + 1 >= last_step)[:, None])
+
+
+def _fast_dllm_factor_count(sorted_scores: torch.Tensor, num_masked: torch.Tensor, factor: float) -> torch.Tensor:
+    """[rows] how many of the top-ranked masks Fast-dLLM's factor rule commits (see the module docstring)."""
+    length = sorted_scores.shape[-1]
+    ranks = torch.arange(1, length + 1, device=sorted_scores.device, dtype=torch.float64)
+    thresholds = 1 - factor / (ranks + 1)
+    thresholds[0] = -1.0
+    index = torch.arange(length, device=sorted_scores.device)
+    fails = (sorted_scores.to(torch.float64) < thresholds) & (index < num_masked[:, None])
+    first_fail = torch.where(fails, index, length).amin(-1)
+    return torch.where(first_fail >= num_masked - 1, num_masked, first_fail)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from engine.batch import RowArena
-from engine.config import EngineConfig, SamplingParams, blocks_needed
+from engine.config import EngineConfig, SamplingParams, blocks_needed, window_lookback
 from engine.models.loader import DiffusionLM, load_model
 from engine.prompts import Prompt, encode_prompt
 from engine.reference import trim_at_stop
@@ -41,7 +41,7 @@ class BlockServeEngine:
         self.scheduler = Scheduler(self.config, self.token_budget, self.max_row_width)
         self.runner = ModelRunner(lm, self.config)
         self.arena = RowArena(lm, self.config.max_batch_size, self.max_row_width, self.config.block_length,
-                              self.config.cache)
+                              self.config.cache, window_lookback=window_lookback(self.config, lm.logit_shift))
         self.stats_collector = StatsCollector(self.config.max_batch_size)
         self._requests: dict[str, Request] = {}
         self._early_outputs: list[RequestOutput] = []  # rejected or aborted while pending

@@ -11,11 +11,15 @@ Semi-autoregressive block decoding (LLaDA / Fast-dLLM):
         commit tokens of the current block by the decoding rule, until it holds no mask
         stop after this block if it committed EOS / end-of-turn (unless stop_at_eos is False)
 
-For a family with a logit shift (Dream) the window starts one column before the block, because the
-block's first token is predicted from the hidden state just before it.
+For a family with a logit shift (Dream) the hidden state at column c predicts column c + 1. By default
+(Fast-dLLM's Dream block decoding) a block's first step commits only its first position, and later
+cached windows start at the block, their position j - 1 predicting block position j;
+``shifted_decoding="lookback"`` instead starts windows one column before the block and applies the
+rule at every step.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +49,7 @@ def trim_at_stop(token_ids: list[int], stop_ids: tuple[int, ...]) -> tuple[list[
 def reference_generate(
     lm: DiffusionLM, prompt_ids: list[int], *, max_new_tokens: int = 256, block_length: int = 32,
     rule: DecodeRule = DecodeRule("threshold"), cache: str = "dual", temperature: float = 0.0,
-    seed: int = 0, stop_at_eos: bool = True,
+    seed: int = 0, stop_at_eos: bool = True, shifted_decoding: str = "fast-dllm",
 ) -> ReferenceResult:
     if not prompt_ids:
         raise ValueError("prompt is empty")
@@ -57,6 +61,10 @@ def reference_generate(
     if width > lm.max_length:
         raise ValueError(f"prompt ({prompt_length}) + canvas exceeds the model's maximum {lm.max_length}")
     device, mask_id, shift = lm.device, lm.tokens.mask_id, lm.logit_shift
+    # a shifted family (Dream): Fast-dLLM's windows start at the block and a block's first step commits
+    # only its first position; "lookback" windows start one column earlier and apply the rule throughout
+    lookback = shift if shifted_decoding == "lookback" else 0
+    rule = dataclasses.replace(rule, first_step_first_position=shift > 0 and shifted_decoding == "fast-dllm")
     canvas = torch.full((1, width), mask_id, dtype=torch.long, device=device)
     canvas[0, :prompt_length] = torch.tensor(prompt_ids, device=device)
     positions = torch.arange(width, device=device)[None]
@@ -78,9 +86,10 @@ def reference_generate(
                 hidden = lm.model.forward_step(refresh, None, arena)
             else:
                 window_end = end if cache == "dual" else width
-                columns = torch.arange(start - shift, window_end, device=device)[None]
+                columns = torch.arange(start - lookback, window_end, device=device)[None]
                 window = WindowPart(canvas[:, columns[0]], positions[:, columns[0]], columns, slot,
-                                    context_start=0, num_read=block_length, slot_range=(0, 1))
+                                    context_start=0, num_read=block_length, slot_range=(0, 1),
+                                    read_shift=shift - lookback)
                 hidden = lm.model.forward_step(None, window, arena)
             logits = lm.model.logits(hidden)
             sampling = None

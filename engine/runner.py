@@ -8,7 +8,7 @@ import torch
 
 from engine.batch import RowArena, StepBatch
 from engine.config import EngineConfig
-from engine.decoding import DecodeRule, Sampling, gumbel_noise, propose_tokens, select_commits
+from engine.decoding import Sampling, decode_rule, gumbel_noise, propose_tokens, select_commits
 from engine.models.loader import DiffusionLM
 
 
@@ -30,7 +30,7 @@ class StepOutput:
 class ModelRunner:
     def __init__(self, lm: DiffusionLM, config: EngineConfig):
         self.lm = lm
-        self.rule = DecodeRule(config.decoding, config.threshold, config.factor, config.steps_per_block)
+        self.rule = decode_rule(config, lm.logit_shift)
         self.block_length = config.block_length
         self._stop_ids = torch.tensor(lm.tokens.stop_ids, device=lm.device)
 

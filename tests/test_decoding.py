@@ -47,15 +47,45 @@ def test_quota_breaks_confidence_ties_to_the_left():
     assert commits(rule, [0.5, 0.5, 0.5, 0.5], step=0, masks_at_start=4) == [True, False, False, False]
 
 
-def test_factor_rule_takes_the_largest_prefix_with_n_plus_1_times_error_below_f():
+def test_factor_prefix_rule_takes_the_largest_prefix_with_n_plus_1_times_error_below_f():
     # sorted: 0.9 (n=1: 2*0.1=0.2<1), 0.7 (n=2: 3*0.3=0.9<1), 0.6 (n=3: 4*0.4=1.6), 0.1
-    rule = DecodeRule("factor", factor=1.0)
+    rule = DecodeRule("factor_prefix", factor=1.0)
     assert commits(rule, [0.6, 0.9, 0.1, 0.7]) == [False, True, False, True]
 
 
-def test_factor_rule_always_commits_one():
-    rule = DecodeRule("factor", factor=1.0)
-    assert commits(rule, [0.2, 0.1, 0.3]) == [False, False, True]
+def test_factor_rules_always_commit_one():
+    for kind in ("factor", "factor_prefix"):
+        assert commits(DecodeRule(kind, factor=1.0), [0.2, 0.1, 0.3, 0.05]) == [False, False, True, False]
+
+
+# Fast-dLLM's factor rule (get_transfer_index_dynamic): rank n passes when c_n >= 1 - f/(n+1).
+def test_fast_dllm_factor_rule_commits_the_ranks_before_the_first_failure():
+    # thresholds 1-1/3, 1-1/4, 1-1/5: 0.7 passes, 0.6 fails at rank 3 of 4
+    assert commits(DecodeRule("factor", factor=1.0), [0.6, 0.9, 0.1, 0.7]) == [False, True, False, True]
+
+
+def test_fast_dllm_factor_rule_also_commits_the_last_candidate_when_only_it_fails():
+    confidence = [0.99, 0.95, 0.3]  # 0.3 < 0.75 fails, but it is the last-ranked mask
+    assert commits(DecodeRule("factor", factor=1.0), confidence) == [True, True, True]
+    assert commits(DecodeRule("factor_prefix", factor=1.0), confidence) == [True, True, False]
+
+
+def test_fast_dllm_factor_rule_commits_the_last_two_masks_together():
+    assert commits(DecodeRule("factor", factor=1.0), [0.2, 0.1]) == [True, True]
+    assert commits(DecodeRule("factor_prefix", factor=1.0), [0.2, 0.1]) == [True, False]
+
+
+def test_fast_dllm_factor_rule_passes_a_confidence_equal_to_its_threshold():
+    confidence = [0.9, 0.8, 0.75, 0.1, 0.05]  # rank 3's threshold is exactly 1 - 1/4 = 0.75
+    assert commits(DecodeRule("factor", factor=1.0), confidence) == [True, True, True, False, False]
+    assert commits(DecodeRule("factor_prefix", factor=1.0), confidence) == [True, True, False, False, False]
+
+
+def test_fast_dllm_dream_decoding_commits_only_the_first_position_at_a_blocks_first_step():
+    rule = DecodeRule("threshold", threshold=0.9, first_step_first_position=True)
+    confidence = [0.2, 0.99, 0.95, 0.3]
+    assert commits(rule, confidence, step=0) == [True, False, False, False]
+    assert commits(rule, confidence, step=1) == [False, True, True, False]
 
 
 def test_step_cap_commits_everything_left_at_the_last_allowed_step():

@@ -296,3 +296,31 @@ def test_a_model_whose_argmax_is_mask_still_ends_every_block(tiny_engine_factory
     outputs = engine.generate([chat(r["prompt"]) for r in heldout_rows[:4]], SamplingParams(max_new_tokens=64))
     assert all(o.finish_reason in ("eos", "length") and lm.tokens.mask_id not in o.token_ids for o in outputs)
     assert all(o.num_steps <= o.num_blocks * BLOCK for o in outputs)
+
+
+@pytest.mark.parametrize("cache", ["dual", "prefix", "none"])
+def test_dream_requests_equal_the_reference_in_both_shifted_decodings_and_the_two_differ(cache):
+    """Dream (logits shifted by one), random fixture, float64: Fast-dLLM's block decoding (first
+    position committed at a block's first step, windows start at the block) and the lookback variant
+    each equal their oracle, and they are different decoders."""
+    from engine import BlockServeEngine
+    from engine.models import load_model
+    from tests.test_models import DREAM_DIR
+
+    lm = load_model(DREAM_DIR, dtype="float64")
+    prompts = [[5 + (i * 7 + j) % 90 for j in range(3 + 2 * i)] for i in range(6)]
+    caps = [16 * (1 + i % 3) for i in range(6)]
+    tokens = {}
+    for mode in ("fast-dllm", "lookback"):
+        engine = BlockServeEngine(lm, EngineConfig(block_length=16, cache=cache, max_batch_size=4,
+                                                   decoding="threshold", threshold=0.05, shifted_decoding=mode))
+        recorder = StepRecorder(engine)
+        outputs = engine.generate(prompts, [SamplingParams(max_new_tokens=cap) for cap in caps])
+        assert recorder.saw_mixed_batch
+        for output, cap in zip(outputs, caps):
+            expected = reference_generate(lm, output.prompt_token_ids, max_new_tokens=cap, block_length=16,
+                                          rule=DecodeRule("threshold", threshold=0.05), cache=cache,
+                                          shifted_decoding=mode)
+            assert output.token_ids == expected.token_ids and output.num_steps == expected.num_steps
+        tokens[mode] = [o.token_ids for o in outputs]
+    assert tokens["fast-dllm"] != tokens["lookback"]

@@ -107,8 +107,9 @@ class WindowPart:
     """A window of columns per row ``[rows, n]`` against the rows' cached keys/values.
 
     Its own keys/values replace the cached ones at ``columns``; attention reads arena columns from
-    ``context_start`` on (the bounding box of these rows). The first ``num_read`` positions' hidden
-    states are returned.
+    ``context_start`` on (the bounding box of these rows). The hidden states of positions
+    ``max(j - read_shift, 0)`` for ``j < num_read`` are returned: with a shifted family whose window
+    starts at the block (``read_shift`` 1), block position j is predicted by window position j - 1.
     """
 
     tokens: torch.Tensor
@@ -118,6 +119,7 @@ class WindowPart:
     context_start: int
     num_read: int
     slot_range: tuple[int, int] | None = None  # slots are exactly range(*slot_range): read a view
+    read_shift: int = 0
 
     @property
     def num_rows(self) -> int:
@@ -269,6 +271,9 @@ class BidirectionalTransformer(nn.Module):
             offset += context.rows * context.length
             if isinstance(part, RefreshPart):
                 read.append(hidden.gather(1, part.read_columns[..., None].expand(-1, -1, hidden.shape[-1])))
+            elif part.read_shift:
+                positions = (torch.arange(part.num_read, device=hidden.device) - part.read_shift).clamp(min=0)
+                read.append(hidden[:, positions])
             else:
                 read.append(hidden[:, :part.num_read])
         return torch.cat(read) if len(read) > 1 else read[0]
