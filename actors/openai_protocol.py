@@ -99,7 +99,7 @@ class BlockServeInfo(BaseModel):
 
     request_id: str
     arrival_time: float  # accepted by the HTTP handler
-    first_scheduled_time: float | None  # admitted into a block cycle (None: never ran)
+    first_scheduled_time: float | None  # admitted into a row (None: never ran)
     first_block_time: float | None  # its first block was committed
     finish_time: float
     num_blocks: int

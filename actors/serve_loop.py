@@ -50,8 +50,8 @@ class RequestStream:
     request_id: str
     arrival_time: float
     event_loop: asyncio.AbstractEventLoop = field(repr=False)
-    first_scheduled_time: float | None = None  # start of the first block cycle it took part in
-    first_block_time: float | None = None  # end of that cycle: its first block was committed
+    first_scheduled_time: float | None = None  # start of the step that admitted it into a row
+    first_block_time: float | None = None  # end of the step that completed its first block
     num_blocks: int = 0
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue, repr=False)
 
@@ -207,7 +207,7 @@ class EngineLoop:
         finished = {output.request_id: output for output in self.engine.step()}
         cycle = self.engine.last_step
         ended = time.time()
-        touched = list(dict.fromkeys([*cycle.new_token_ids, *finished]))
+        touched = list(dict.fromkeys([*cycle.admitted, *cycle.new_token_ids, *finished]))
         with self._wakeup:
             for request_id in touched:
                 self._waiting.pop(request_id, None)
@@ -220,11 +220,14 @@ class EngineLoop:
             if stream is None:
                 continue
             output = finished.get(request_id)
+            if request_id in cycle.admitted:
+                stream.first_scheduled_time = started
             if request_id in cycle.new_token_ids:
                 stream.num_blocks += 1
-                if stream.first_scheduled_time is None:
-                    stream.first_scheduled_time = started
+                if stream.first_block_time is None:
                     stream.first_block_time = output.finish_time if output is not None else ended
+            if request_id not in cycle.new_token_ids and output is None:
+                continue  # admitted, nothing committed yet
             stream._push(BlockEvent(cycle.new_token_ids.get(request_id, []), output))
             if output is not None:
                 done.append((stream, output))

@@ -34,6 +34,7 @@ class EngineConfig:
     max_batch_size: int = 16
     token_budget: int | None = None  # bounding-box tokens (rows x widest row); None: derived, see below
     sort_pending: bool = True  # pending queue ordered by prompt length (else arrival order)
+    max_wait_s: float | None = 30.0  # a request pending longer is admitted first (None: no aging)
     cache: str = "dual"  # "dual" | "prefix" | "none"
     decoding: str = "threshold"  # "threshold" | "quota" | "factor" (Fast-dLLM's) | "factor_prefix" (the paper's)
     threshold: float = 0.9
@@ -55,6 +56,9 @@ class EngineConfig:
             _fail("max_batch_size", f"must be a positive int, got {self.max_batch_size!r}")
         if self.token_budget is not None and (not isinstance(self.token_budget, int) or self.token_budget < 1):
             _fail("token_budget", f"must be a positive int or None, got {self.token_budget!r}")
+        if self.max_wait_s is not None and (isinstance(self.max_wait_s, bool)
+                                            or not isinstance(self.max_wait_s, (int, float)) or self.max_wait_s < 0):
+            _fail("max_wait_s", f"must be a non-negative number of seconds or None, got {self.max_wait_s!r}")
         if self.cache not in CACHE_MODES:
             _fail("cache", f"must be one of {CACHE_MODES}, got {self.cache!r}")
         if self.decoding not in DECODING_RULES:

@@ -28,6 +28,7 @@ class StepReport:
 
     new_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> tokens its
     # just-completed block added to its output (trimmed at a stop token; empty past one or its cap)
+    admitted: tuple[str, ...] = ()  # request ids that joined at this step
     num_rows: int = 0
     bounding_box_tokens: int = 0
 
@@ -163,6 +164,7 @@ class BlockServeEngine:
         self.last_step = StepReport(
             new_token_ids={request_id: self._output_part(request, output.rows[request_id].block_tokens)
                            for request_id, request in completed.items()},
+            admitted=tuple(request.request_id for request in plan.admitted),
             num_rows=record.rows, bounding_box_tokens=record.bounding_box_tokens)
 
     def _output_part(self, request: Request, block: list[int]) -> list[int]:

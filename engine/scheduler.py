@@ -7,7 +7,8 @@ A row whose block has no mask left is *complete*. What happens to it depends on 
   is complete (the block boundary); then finished rows leave, pending requests join, and every row
   starts its next block together.
 Admission (both) first takes requests whose row fits the current bounding box's width, then widens the
-box while ``rows x widest row <= token_budget`` holds.
+box while ``rows x widest row <= token_budget`` holds. A request pending longer than ``max_wait_s`` is
+admitted first, even if the box must grow; until it fits, nobody else joins (aging: no starvation).
 * ``shrink`` (Fast-dLLM v2, dInfer): as ``block``, but nobody joins until the batch is empty. One shared
   canvas (the batch's largest).
 * ``static`` (Fast-dLLM): one shared canvas, rows walk every block in lock-step, nobody leaves or joins
@@ -37,6 +38,18 @@ class SchedulerOutput:
     @property
     def num_rows(self) -> int:
         return len(self.refresh) + len(self.window)
+
+
+@dataclass
+class _Box:
+    """The running batch's bounding box while admission fills it."""
+
+    rows: int
+    width: int
+
+    def add(self, request: Request) -> Request:
+        self.rows, self.width = self.rows + 1, max(self.width, request.width)
+        return request
 
 
 class Scheduler:
@@ -79,9 +92,9 @@ class Scheduler:
         """Rows that start a block, rows that continue one, and whom the policy admits now."""
         schedule = self.config.schedule
         if schedule == "step":
-            admitted = self._admit_continuous()
+            admitted = self._admit_continuous(now)
         elif schedule == "block":
-            admitted = self._admit_continuous() if self.at_block_boundary else []
+            admitted = self._admit_continuous(now) if self.at_block_boundary else []
         else:
             admitted = [] if self.running else self._admit_fresh_batch()
         for request in admitted:
@@ -95,24 +108,38 @@ class Scheduler:
         self.running.extend(admitted)
         return SchedulerOutput(refresh=starting + admitted, window=window, admitted=admitted)
 
-    def _admit_continuous(self) -> list[Request]:
-        rows = len(self.running)
-        box_width = max((request.width for request in self.running), default=0)
+    def _admit_continuous(self, now: float) -> list[Request]:
+        """Fits-the-box first, then grow the box; a request overdue for ``max_wait_s`` goes first, and
+        while it does not fit nobody else joins, so the box drains until it does (no starvation)."""
+        box = _Box(len(self.running), max((r.width for r in self.running), default=0))
         admitted: list[Request] = []
+        overdue = self._overdue(now)
+        if overdue is not None:
+            if not self._fits(box, overdue, may_grow=True):
+                return admitted
+            self.pending = [item for item in self.pending if item[1] is not overdue]
+            admitted.append(box.add(overdue))
         for may_grow in (False, True):
             kept = []
             for key, request in self.pending:
-                new_width = max(box_width, request.width)
-                fits = (rows < self.config.max_batch_size
-                        and (may_grow or request.width <= box_width) and request.width <= self.max_row_width
-                        and (rows + 1) * new_width <= self.token_budget)
-                if fits:
-                    admitted.append(request)
-                    rows, box_width = rows + 1, new_width
+                if self._fits(box, request, may_grow):
+                    admitted.append(box.add(request))
                 else:
                     kept.append((key, request))
             self.pending = kept
         return admitted
+
+    def _overdue(self, now: float) -> Request | None:
+        """The longest-waiting pending request, if it has waited more than ``max_wait_s``."""
+        if self.config.max_wait_s is None or not self.pending:
+            return None
+        oldest = min((request for _, request in self.pending), key=lambda request: request.sequence_number)
+        return oldest if now - oldest.arrival_time > self.config.max_wait_s else None
+
+    def _fits(self, box: _Box, request: Request, may_grow: bool) -> bool:
+        width = max(box.width, request.width)
+        return (box.rows < self.config.max_batch_size and (may_grow or request.width <= box.width)
+                and request.width <= self.max_row_width and (box.rows + 1) * width <= self.token_budget)
 
     def _admit_fresh_batch(self) -> list[Request]:
         """Static/shrink: a new batch sharing one canvas, in queue order, within the budget."""

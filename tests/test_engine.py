@@ -324,3 +324,25 @@ def test_dream_requests_equal_the_reference_in_both_shifted_decodings_and_the_tw
             assert output.token_ids == expected.token_ids and output.num_steps == expected.num_steps
         tokens[mode] = [o.token_ids for o in outputs]
     assert tokens["fast-dllm"] != tokens["lookback"]
+
+
+@pytest.mark.parametrize("max_wait_s", [0.0, None])
+def test_a_wide_request_in_a_stream_of_short_ones_is_admitted_once_overdue(tiny_engine_factory, max_wait_s):
+    short_prompt, wide_prompt = [7] * 10, [9] * 150  # rows of 42 and 182 tokens
+    engine = tiny_engine_factory(dtype="float32", max_batch_size=4, token_budget=4 * 60,
+                                 max_wait_s=max_wait_s, decoding="quota", steps_per_block=2)
+    short = SamplingParams(max_new_tokens=32, stop_at_eos=False)
+    for _ in range(4):
+        engine.add_request(short_prompt, short)
+    engine.step()
+    wide = engine.add_request(wide_prompt, SamplingParams(max_new_tokens=32, stop_at_eos=False))
+    finished_at = None
+    for step in range(60):  # a steady stream: a new short request at every step
+        engine.add_request(short_prompt, short)
+        if any(output.request_id == wide for output in engine.step()):
+            finished_at = step
+            break
+    if max_wait_s is None:
+        assert finished_at is None, "without aging the wide request starves behind the short ones"
+    else:
+        assert finished_at is not None and finished_at <= 8
