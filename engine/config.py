@@ -34,7 +34,8 @@ class EngineConfig:
     max_batch_size: int = 16
     token_budget: int | None = None  # bounding-box tokens (rows x widest row); None: derived, see below
     sort_pending: bool = True  # pending queue ordered by prompt length (else arrival order)
-    max_wait_s: float | None = 30.0  # a request pending longer is admitted first (None: no aging)
+    max_wait_s: float | None = None  # aging: a request pending longer is admitted first (None: off;
+    # an offline batch drains anyway, an online server should set it)
     cache: str = "dual"  # "dual" | "prefix" | "none"
     decoding: str = "threshold"  # "threshold" | "quota" | "factor" (Fast-dLLM's) | "factor_prefix" (the paper's)
     threshold: float = 0.9
