@@ -2,7 +2,7 @@
 
 Callers on any thread (in practice: the async ``__call__`` of several in-flight Ray Data batches) hand
 requests in with :meth:`EngineLoop.submit` and get a ``concurrent.futures.Future`` back. The loop thread
-is the only one that touches the engine: between two block cycles it moves every queued submission into
+is the only one that touches the engine: between two engine steps it moves every queued submission into
 the engine, so rows of a batch that arrived while a cycle ran join at the next block boundary, next to
 rows of older batches. A batch boundary is therefore invisible to the engine (no drain-and-refill bubble)::
 

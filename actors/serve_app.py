@@ -48,7 +48,7 @@ class ServeAppConfig(BaseModel):
     max_tokens_limit: int | None = Field(None, ge=1)  # None: the longest canvas the model fits
     default_max_tokens: int = Field(128, ge=1)
     retry_after_s: int = Field(1, ge=1)
-    stall_timeout_s: float = Field(120.0, gt=0)  # a block cycle longer than this is a stuck loop
+    stall_timeout_s: float = Field(120.0, gt=0)  # an engine step longer than this is a stuck loop
     torch_threads: int | None = Field(None, ge=1)
 
     @field_validator("engine")
@@ -153,7 +153,7 @@ class BlockServeOpenAI:
 
     @api.get("/metrics")
     async def prometheus_metrics(self) -> Response:
-        self.metrics.queue_depth.set(self.loop.num_waiting)  # live, not as of the last block cycle
+        self.metrics.queue_depth.set(self.loop.num_waiting)  # live, not as of the last engine step
         self.metrics.loop_healthy.set(self.loop.health_problem() is None)
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

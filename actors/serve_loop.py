@@ -73,7 +73,7 @@ class RequestStream:
 
 @dataclass(frozen=True)
 class CycleReport:
-    """What one block cycle did, for metrics (data only; built on the loop thread)."""
+    """What one engine step did, for metrics (data only; built on the loop thread)."""
 
     num_waiting: int
     num_running: int
@@ -102,7 +102,7 @@ class EngineLoop:
         self._wakeup = threading.Condition()  # guards everything below that both threads touch
         self._inbox: deque[tuple] = deque()
         self._streams: dict[str, RequestStream] = {}
-        self._waiting: dict[str, float] = {}  # submitted, not yet in a block cycle: id -> arrival
+        self._waiting: dict[str, float] = {}  # submitted, not yet admitted into a row: id -> arrival
         self._num_running = 0
         self._stopping = False
         self._failure: BaseException | None = None
@@ -151,7 +151,7 @@ class EngineLoop:
             return "engine loop thread is not running"
         silent_s = time.monotonic() - self._heartbeat
         if silent_s > self.stall_timeout_s:
-            return (f"engine loop has not completed a block cycle in {silent_s:.0f} s "
+            return (f"engine loop has not completed an engine step in {silent_s:.0f} s "
                     f"(stall_timeout_s={self.stall_timeout_s})")
         return None
 

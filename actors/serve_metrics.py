@@ -25,9 +25,9 @@ class ServeMetrics:
                              registry=self.registry).labels(model_name)
 
         self.queue_depth = gauge("blockserve_queue_depth", "Requests accepted and waiting for a row")
-        self.running_rows = gauge("blockserve_running_rows", "Rows in the batch after the last block cycle")
+        self.running_rows = gauge("blockserve_running_rows", "Rows in the batch after the last engine step")
         self.bounding_box_tokens = gauge("blockserve_bounding_box_tokens",
-                                         "rows x widest row materialized by the last block cycle")
+                                         "rows x widest row materialized by the last engine step")
         self.effective_compute_ratio = gauge(
             "blockserve_effective_compute_ratio",
             "Mean unfinished requests per batch slot over all denoising steps since start")
@@ -49,7 +49,7 @@ class ServeMetrics:
         self.loop_healthy.set(1)
 
     def record_cycle(self, report: CycleReport) -> None:
-        """Called by the engine loop after every block cycle (on the loop thread)."""
+        """Called by the engine loop after every engine step (on the loop thread)."""
         self.queue_depth.set(report.num_waiting)
         self.running_rows.set(report.num_running)
         if report.cycle.num_rows:
