@@ -22,6 +22,7 @@ from ray import serve
 from ray.serve import Application
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from actors.api_keys import authorize, check_exposure, resolve_api_key, serve_http_host
 from actors.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, validation_error
 from actors.openai_server import OpenAIServer, dump
 from actors.serve_loop import EngineLoop
@@ -50,6 +51,9 @@ class ServeAppConfig(BaseModel):
     retry_after_s: int = Field(1, ge=1)
     stall_timeout_s: float = Field(120.0, gt=0)  # an engine step longer than this is a stuck loop
     torch_threads: int | None = Field(None, ge=1)
+    api_key: str | None = None  # prefer api_key_env: a key in a config file ends up in version control
+    api_key_env: str | None = "BLOCKSERVE_API_KEY"  # environment variable holding the key
+    allow_unauthenticated: bool = False  # serve a non-loopback address with no key (explicit opt-out)
 
     @field_validator("engine")
     @classmethod
@@ -117,6 +121,8 @@ class BlockServeOpenAI:
 
     def __init__(self, config: dict[str, Any]):
         self.config = ServeAppConfig.model_validate(config)
+        self.api_key = resolve_api_key(self.config.api_key, self.config.api_key_env)
+        check_exposure(serve_http_host(), self.api_key, self.config.allow_unauthenticated)
         if self.config.torch_threads:
             torch.set_num_threads(self.config.torch_threads)
         engine = BlockServeEngine.from_pretrained(self.config.model, self.config.engine_config(),
@@ -133,15 +139,18 @@ class BlockServeOpenAI:
             retry_after_s=self.config.retry_after_s)
 
     @api.get("/v1/models")
-    async def models(self) -> JSONResponse:
+    async def models(self, request: Request) -> JSONResponse:
+        authorize(request.headers.get("authorization"), self.api_key)
         return JSONResponse(self.server.models().model_dump())
 
     @api.post("/v1/completions")
-    async def completions(self, body: CompletionRequest) -> Response:
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        authorize(request.headers.get("authorization"), self.api_key)
         return _http(await self.server.completions(body))
 
     @api.post("/v1/chat/completions")
-    async def chat_completions(self, body: ChatCompletionRequest) -> Response:
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
+        authorize(request.headers.get("authorization"), self.api_key)
         return _http(await self.server.chat(body))
 
     @api.get("/health")

@@ -8,8 +8,11 @@ from dataclasses import dataclass
 
 from engine.models.loader import DiffusionLM
 
+from benchmarks.projection import project
 from benchmarks.systems import SYSTEMS, RunResult, interleaved, median_of, median_run, run_system
 from benchmarks.workloads import Workload
+
+PROJECTION = ("llada-8b", "h200")  # the projected columns: LLaDA-8B shapes on one H200
 
 
 @dataclass(frozen=True)
@@ -38,9 +41,15 @@ SCALES = {
 BATCH_SIZE = 16
 
 
+def projected(result: RunResult, model: str = PROJECTION[0], device: str = PROJECTION[1]) -> dict:
+    """A run's per-forward trace priced for a real model on a GPU: **projected**, not measured."""
+    figures = project(result.extra["trace"], result.stats["generated_tokens"], model, device)
+    return {key: figures[key] for key in ("tokens_per_s", "mfu", "total_s", "refresh_s", "window_s")}
+
+
 def _summary(label: str, runs: list[RunResult]) -> dict:
     middle = median_run(runs)
-    return {"label": label, "system": middle.system, "rounds": len(runs),
+    return {"label": label, "system": middle.system, "rounds": len(runs), "projected": projected(middle),
             "tokens_per_s": median_of(runs, "tokens_per_s"),
             "tokens_per_s_all": [run.tokens_per_s for run in runs],
             "accuracy": middle.accuracy, "outputs_digest": middle.extra["outputs_digest"],
@@ -52,10 +61,12 @@ def _summary(label: str, runs: list[RunResult]) -> dict:
             "requests": middle.requests}
 
 
-def throughput(lm: DiffusionLM, workloads: list[Workload], scale: Scale, log=print) -> dict:
-    """Table II (and the per-request latencies behind Fig. 2): every schedule at batch 16."""
+def throughput(cases: list[tuple[Workload, DiffusionLM]], scale: Scale, log=print) -> dict:
+    """Table II (and the per-request latencies behind Fig. 2): every schedule at batch 16.
+
+    cases: each workload with the model it runs on (a replay workload's model steers its EOS)."""
     tables = {}
-    for workload in workloads:
+    for workload, lm in cases:
         variants = {system: {"system": system, "max_batch_size": BATCH_SIZE} for system in SYSTEMS}
         runs = interleaved(lm, variants, workload, scale.rounds, log)
         rows = [_summary(label, results) for label, results in runs.items()]
@@ -83,16 +94,18 @@ def capacity(lm: DiffusionLM, workload: Workload, scale: Scale, log=print) -> di
 
     ``static``/``shrink`` fix their batch size up front (Fast-dLLM's ``batch_size``): it is safe only if
     the worst batch of the workload fits, i.e. rows x (longest prompt + longest canvas) <= budget.
-    ``block`` admits by the budget at each boundary, so it is safe at any batch size; what it sustains
-    is measured (peak and mean concurrent rows with no batch-size cap).
+    ``step``/``block`` admit by the budget, so they are safe at any batch size; what they sustain is
+    measured (peak and mean concurrent rows, with as many arena slots as the budget could ever fill).
     """
     budget = scale.capacity_budget
     widths = _row_widths(lm, workload)
     static_rows = budget // max(widths)
     result = {"workload": workload.name, "token_budget": budget, "widest_row": max(widths),
               "narrowest_row": min(widths), "static_safe_batch": static_rows, "systems": []}
+    admitted_rows = max(budget // min(widths), 1)  # arena slots: as many rows as the budget can ever hold
     variants = {
-        "block": {"system": "block", "max_batch_size": 1024, "token_budget": budget},
+        "step": {"system": "step", "max_batch_size": admitted_rows, "token_budget": budget},
+        "block": {"system": "block", "max_batch_size": admitted_rows, "token_budget": budget},
         "static": {"system": "static", "max_batch_size": max(static_rows, 1), "token_budget": budget},
         "shrink": {"system": "shrink", "max_batch_size": max(static_rows, 1), "token_budget": budget},
     }
@@ -104,7 +117,7 @@ def capacity(lm: DiffusionLM, workload: Workload, scale: Scale, log=print) -> di
             "peak_rows": run.peak_rows, "mean_rows": run.mean_cycle_rows,
             "peak_bounding_box_tokens": run.stats["peak_bounding_box_tokens"],
             "within_budget": run.stats["peak_bounding_box_tokens"] <= budget,
-            "tokens_per_s": run.tokens_per_s, "accuracy": run.accuracy})
+            "tokens_per_s": run.tokens_per_s, "accuracy": run.accuracy, "projected": projected(run)})
     return result
 
 
@@ -120,13 +133,14 @@ def _row_widths(lm: DiffusionLM, workload: Workload, block_length: int = 32) -> 
 
 
 def ablations(lm: DiffusionLM, workload: Workload, scale: Scale, log=print) -> dict:
-    """Block length 16/32/64 (throughput, accuracy); sorted vs arrival-order queue (throughput, padding)."""
+    """Block length 16/32/64 (throughput, accuracy); sorted vs arrival-order queue (throughput, padding).
+    On the default ``step`` schedule."""
     workload = workload.head(scale.ablation_requests)
-    lengths = {f"L={length}": {"system": "block", "max_batch_size": BATCH_SIZE, "block_length": length}
+    lengths = {f"L={length}": {"system": "step", "max_batch_size": BATCH_SIZE, "block_length": length}
                for length in (16, 32, 64)}
     length_runs = interleaved(lm, lengths, workload, scale.ablation_rounds, log)
-    queues = {"sorted": {"system": "block", "max_batch_size": BATCH_SIZE, "sort_pending": True},
-              "arrival": {"system": "block", "max_batch_size": BATCH_SIZE, "sort_pending": False}}
+    queues = {"sorted": {"system": "step", "max_batch_size": BATCH_SIZE, "sort_pending": True},
+              "arrival": {"system": "step", "max_batch_size": BATCH_SIZE, "sort_pending": False}}
     queue_runs = interleaved(lm, queues, workload, scale.ablation_rounds, log)
     return {"workload": workload.name, "requests": len(workload),
             "block_length": [_summary(label, runs) for label, runs in length_runs.items()],

@@ -4,6 +4,10 @@ from __future__ import annotations
 import numpy as np
 
 LENGTH_BIN = 32  # output-length bins of one block
+PROJECTED_TOK_S = "H200 tok/s*"
+PROJECTED_NOTE = ("\\* projected, not measured: the run's per-forward trace priced for LLaDA-8B shapes on one H200 "
+                  "(`benchmarks/projection.py`; constants and their source in `benchmarks/hardware.py` / "
+                  "`benchmarks/calibration/`).")
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -40,15 +44,18 @@ def throughput_section(tables: dict) -> list[str]:
                   f"**{table['identical_outputs']}**.", ""]
         block_digest = next(row for row in table["rows"] if row["system"] == "block")["outputs_digest"]
         lines += _table(
-            ["system", "tok/s (median)", "tok/s per round", "block speedup", "exact match", "same tokens as block",
-             "eff. compute ratio", "useful row frac.", "padding frac.", "sched. overhead", "denoise steps"],
+            ["system", "CPU tok/s (median)", "tok/s per round", "block speedup", "exact match",
+             "same tokens as block", "eff. compute ratio", "useful row frac.", "padding frac.", "sched. overhead",
+             "forwards (window)", PROJECTED_TOK_S, "MFU*"],
             [[row["label"], row["tokens_per_s"], " / ".join(f"{v:.1f}" for v in row["tokens_per_s_all"]),
               f"{row['speedup_of_block']:.2f}x", row["accuracy"], row["outputs_digest"] == block_digest,
               row["effective_compute_ratio"],
               row["useful_row_fraction"], row["padding_fraction"],
-              f"{row['scheduler_overhead_fraction']:.1%}", int(row["denoise_steps"])] for row in table["rows"]])
+              f"{row['scheduler_overhead_fraction']:.1%}",
+              f"{int(row['forward_passes'])} ({int(row['window_forwards'])})",
+              row["projected"]["tokens_per_s"], f"{row['projected']['mfu']:.1%}"] for row in table["rows"]])
         lines.append("")
-    return lines
+    return lines + [PROJECTED_NOTE, "", "![measured vs projected](fig5_measured_vs_projected.png)", ""]
 
 
 def latency_section(tables: dict) -> list[str]:
@@ -69,10 +76,10 @@ def sweep_section(sweep: dict) -> list[str]:
     lines = ["## Effective compute ratio and useful row fraction by batch size (paper's Fig. 3)", "",
              f"Workload `{sweep['workload']}`, {sweep['requests']} requests per point.", "",
              "![compute ratio](fig3_compute_ratio.png)", ""]
-    lines += _table(["batch", "system", "eff. compute ratio", "useful row frac.", "tok/s", "rows per cycle",
+    lines += _table(["batch", "system", "eff. compute ratio", "useful row frac.", "CPU tok/s", PROJECTED_TOK_S,
                      "rows computed per step"],
                     [[p["batch_size"], p["label"], p["effective_compute_ratio"], p["useful_row_fraction"],
-                      p["tokens_per_s"], p["mean_cycle_rows"], p["mean_rows"]] for p in sweep["points"]])
+                      p["tokens_per_s"], p["projected"]["tokens_per_s"], p["mean_rows"]] for p in sweep["points"]])
     lines += ["", "## Batch-size scaling of latency (paper's Fig. 4)", "", "![batch latency](fig4_batch_latency.png)", ""]
     rows = []
     for p in sweep["points"]:
@@ -86,25 +93,26 @@ def capacity_section(capacities: dict) -> list[str]:
     for name, cap in capacities.items():
         lines += [f"### {name}: budget {cap['token_budget']} bounding-box tokens; rows {cap['narrowest_row']}"
                   f"-{cap['widest_row']} tokens wide", ""]
-        lines += _table(["system", "batch size set", "peak rows", "mean rows per cycle", "peak box", "within budget",
-                         "tok/s", "exact match"],
-                        [[s["system"], s["max_batch_size"] if s["system"] != "block" else "budget only",
+        lines += _table(["system", "batch size set", "peak rows", "mean rows per step", "peak box", "within budget",
+                         "CPU tok/s", PROJECTED_TOK_S, "exact match"],
+                        [[s["system"], s["max_batch_size"] if s["system"] in ("static", "shrink") else "budget only",
                           s["peak_rows"], s["mean_rows"], s["peak_bounding_box_tokens"], s["within_budget"],
-                          s["tokens_per_s"], s["accuracy"]] for s in cap["systems"]])
+                          s["tokens_per_s"], s["projected"]["tokens_per_s"], s["accuracy"]] for s in cap["systems"]])
         lines.append("")
     return lines
 
 
 def ablation_section(ablation: dict) -> list[str]:
-    lines = ["## Ablations (batch 16, `block` schedule)", "",
+    lines = ["## Ablations (batch 16, `step` schedule)", "",
              f"Workload `{ablation['workload']}`, {ablation['requests']} requests.", "", "### Block length", ""]
-    lines += _table(["block length", "tok/s", "exact match", "denoise steps", "useful row frac."],
-                    [[r["label"], r["tokens_per_s"], r["accuracy"], int(r["denoise_steps"]),
-                      r["useful_row_fraction"]] for r in ablation["block_length"]])
+    lines += _table(["block length", "CPU tok/s", PROJECTED_TOK_S, "exact match", "denoise steps",
+                     "useful row frac."],
+                    [[r["label"], r["tokens_per_s"], r["projected"]["tokens_per_s"], r["accuracy"],
+                      int(r["denoise_steps"]), r["useful_row_fraction"]] for r in ablation["block_length"]])
     lines += ["", "### Pending-queue order", ""]
-    return lines + _table(["queue", "tok/s", "padding frac.", "exact match"],
-                          [[r["label"], r["tokens_per_s"], r["padding_fraction"], r["accuracy"]]
-                           for r in ablation["queue_order"]]) + [""]
+    return lines + _table(["queue", "CPU tok/s", PROJECTED_TOK_S, "padding frac.", "exact match"],
+                          [[r["label"], r["tokens_per_s"], r["projected"]["tokens_per_s"], r["padding_fraction"],
+                            r["accuracy"]] for r in ablation["queue_order"]]) + ["", PROJECTED_NOTE, ""]
 
 
 def render(results: dict) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import experiments, plots, report
+from benchmarks.replay import replay
 from benchmarks.workloads import humaneval_for, tiny_tasks
 from engine.models import load_model
 
@@ -70,6 +71,9 @@ def main(argv: list[str] | None = None) -> dict:
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     heldout = tiny_tasks("heldout", scale.heldout)
     humaneval = humaneval_for(lm, scale.humaneval, scale.humaneval_max_new_tokens)
+    replay_code = replay("humaneval", lm, scale.humaneval)  # answer lengths replayed, EOS steered
+    replay_short = replay("short", lm, scale.heldout)
+    code_lm, short_lm = replay_code.steered(lm), replay_short.steered(lm)
     results: dict = {"meta": {
         "command": "python -m benchmarks.run " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -85,15 +89,17 @@ def main(argv: list[str] | None = None) -> dict:
         return value
 
     if "throughput" in pieces:
-        results["throughput"] = timed("throughput", experiments.throughput, lm, [heldout, humaneval], scale)
+        cases = [(heldout, lm), (humaneval, lm), (replay_code.workload, code_lm), (replay_short.workload, short_lm)]
+        results["throughput"] = timed("throughput", experiments.throughput, cases, scale)
     if "sweep" in pieces:
-        results["batch_sweep"] = timed("sweep", experiments.batch_sweep, lm,
-                                       heldout.head(scale.sweep_requests), scale)
+        results["batch_sweep"] = timed("sweep", experiments.batch_sweep, short_lm,
+                                       replay_short.workload.head(scale.sweep_requests), scale)
     if "capacity" in pieces:
-        results["capacity"] = {w.name: timed(f"capacity {w.name}", experiments.capacity, lm, w, scale)
-                               for w in (heldout.head(scale.ablation_requests), humaneval)}
+        results["capacity"] = {w.name: timed(f"capacity {w.name}", experiments.capacity, model, w, scale)
+                               for w, model in ((heldout.head(scale.ablation_requests), lm),
+                                                (replay_code.workload, code_lm))}
     if "ablations" in pieces:
-        results["ablations"] = timed("ablations", experiments.ablations, lm, heldout, scale)
+        results["ablations"] = timed("ablations", experiments.ablations, code_lm, replay_code.workload, scale)
     results["meta"]["durations_s"] = durations
     results["meta"]["wall_s"] = time.perf_counter() - started
 

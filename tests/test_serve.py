@@ -1,7 +1,8 @@
 """Online serving on Ray Serve (issue 5): the OpenAI API over one BlockServe engine per replica.
 
 One Serve instance on the session's Ray cluster hosts two apps built by ``actors.serve_app``:
-``main`` (16 rows, route ``/``) and ``small`` (2 rows, 2 waiting, route ``/small``, for backpressure).
+``main`` (16 rows, route ``/``) and ``small`` (2 rows, 2 waiting, route ``/small``, for backpressure,
+behind an API key).
 Every answer is compared with ``engine.generate`` run here on the same frozen copy of the tiny model in
 float32 (the trainer re-exports ``assets/tiny`` while tests run, so nothing reads it twice).
 """
@@ -27,6 +28,8 @@ MODEL = "blockserve-tiny"
 ENGINE = {"max_batch_size": 16, "steps_per_block": 4}  # a step cap keeps CPU block cycles short
 SMALL_ENGINE = {"max_batch_size": 2, "steps_per_block": 4}
 TIMEOUT_S = 120.0
+SMALL_KEY = "small-secret"
+SMALL_AUTH = {"Authorization": f"Bearer {SMALL_KEY}"}
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -89,7 +92,7 @@ def server(ray_cluster, model_dir) -> str:
     common = {"model": str(model_dir), "served_model_name": MODEL, "dtype": "float32", "device": "cpu"}
     apps = {"blockserve-main": ("/", ServeAppConfig(**common, engine=ENGINE, max_pending=32)),
             "blockserve-small": ("/small", ServeAppConfig(**common, engine=SMALL_ENGINE, max_pending=2,
-                                                          retry_after_s=2))}
+                                                          retry_after_s=2, api_key=SMALL_KEY))}
     serve.run_many([serve.RunTarget(build_deployment_app(config, ray_actor_options={"num_cpus": 0.5}),
                                     name=name, route_prefix=route)
                     for name, (route, config) in apps.items()])  # both replicas start at once
@@ -246,7 +249,7 @@ def test_overload_gets_429_with_retry_after_and_every_accepted_request_completes
 
     async def burst():  # 16 at once against 2 rows + 2 waiting places
         async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
-            return await asyncio.gather(*(http.post(f"{small}/v1/chat/completions", json={
+            return await asyncio.gather(*(http.post(f"{small}/v1/chat/completions", headers=SMALL_AUTH, json={
                 **body, "messages": chat(f"count from {n} to 60")}) for n in range(16)))
 
     responses = asyncio.run(burst())
@@ -262,6 +265,41 @@ def test_overload_gets_429_with_retry_after_and_every_accepted_request_completes
     assert metric(small, "blockserve_requests_rejected_total") == statuses.count(429)
     health = httpx.get(f"{small}/health", timeout=10).json()
     assert health == {**health, "status": "ok", "waiting": 0, "running": 0}
+
+
+def test_with_an_api_key_v1_routes_need_the_bearer_key_and_health_stays_open(server):
+    from openai import AuthenticationError, OpenAI
+
+    small = f"{server}/small"
+    body = {"model": MODEL, "max_tokens": 32, "messages": chat("count from 3 to 5")}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": SMALL_KEY}):
+        response = httpx.post(f"{small}/v1/chat/completions", json=body, headers=headers, timeout=TIMEOUT_S)
+        assert response.status_code == 401, headers
+        assert response.json()["error"]["code"] == "invalid_api_key"
+        assert response.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(f"{small}/v1/models", timeout=10).status_code == 401
+    assert httpx.get(f"{small}/health", timeout=10).status_code == 200
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=f"{small}/v1", api_key="wrong", max_retries=0).models.list()
+    keyed = OpenAI(base_url=f"{small}/v1", api_key=SMALL_KEY, max_retries=0, timeout=TIMEOUT_S)
+    reply = keyed.chat.completions.create(model=MODEL, max_tokens=32, messages=chat("count from 3 to 5"))
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_server_reachable_beyond_loopback_refuses_to_start_without_a_key(monkeypatch):
+    from actors.api_keys import check_exposure, resolve_api_key
+
+    with pytest.raises(ValueError, match="refusing to start.*0.0.0.0.*allow_unauthenticated"):
+        check_exposure("0.0.0.0", None, allow_unauthenticated=False)
+    check_exposure("0.0.0.0", None, allow_unauthenticated=True)  # the explicit opt-out
+    check_exposure("0.0.0.0", "key", allow_unauthenticated=False)
+    for loopback in ("127.0.0.1", "::1", "localhost"):
+        check_exposure(loopback, None, allow_unauthenticated=False)
+    monkeypatch.setenv("BLOCKSERVE_API_KEY", "from-env")
+    assert resolve_api_key(None, "BLOCKSERVE_API_KEY") == "from-env"
+    assert resolve_api_key("from-config", "BLOCKSERVE_API_KEY") == "from-config"
+    monkeypatch.delenv("BLOCKSERVE_API_KEY")
+    assert resolve_api_key(None, "BLOCKSERVE_API_KEY") is None
 
 
 @pytest.mark.parametrize("path,body,param", [
