@@ -41,6 +41,7 @@ TARGETS = {  # issue 10 and 11 bars: figure -> (comparison, value)
     "step_rows_per_step_while_waiting_over_batch": (">=", 0.95),
     "step_padding_fraction": ("<=", 0.05),
 }
+EFFICIENCIES = (0.3, 0.6, 0.9)  # the projection's sensitivity to its least certain constant
 STATS_KEYS = ("tokens_per_s", "forward_passes", "refresh_forwards", "window_forwards", "rows_per_forward",
               "rows_per_window_forward", "rows_per_step_while_waiting", "padding_fraction",
               "useful_row_fraction", "effective_compute_ratio", "scheduler_overhead_fraction", "generated_tokens")
@@ -52,7 +53,10 @@ def project_run(result, model: str, device: str) -> dict:
     packed = project(trace, tokens, model, device)
     constants = load_constants(device)
     unlaunched = project(trace, tokens, model, device, dataclasses.replace(constants, launch_overhead_s=0.0))
-    return {"tokens_per_s": packed["tokens_per_s"], "mfu": packed["mfu"], "total_s": packed["total_s"],
+    sensitivity = {f"{efficiency:.1f}": project(trace, tokens, model, device, dataclasses.replace(
+        constants, efficiency=efficiency))["tokens_per_s"] for efficiency in EFFICIENCIES}
+    return {"forward_tokens": sum(record.forward_tokens for record in trace),
+            "tokens_per_s_by_efficiency": sensitivity,"tokens_per_s": packed["tokens_per_s"], "mfu": packed["mfu"], "total_s": packed["total_s"],
             "refresh_s": packed["refresh_s"], "window_s": packed["window_s"],
             "launch_overhead_s": packed["launch_overhead_s"], "constants": packed["constants"],
             "two_forwards_tokens_per_s": project(trace, tokens, model, device, packed=False)["tokens_per_s"],

@@ -218,7 +218,7 @@ def time_forward(lm: DiffusionLM, refresh_rows: int, window_rows: int, width: in
         columns = torch.arange(width - block, width, device=device).expand(window_rows, -1)
         window = WindowPart(tokens[refresh_rows:, -block:], positions[refresh_rows:, -block:], columns,
                             torch.arange(refresh_rows, slots, device=device), context_start=0, num_read=block,
-                            slot_range=(refresh_rows, slots))
+                            slot_runs=((refresh_rows, window_rows),))
     record = ForwardRecord(refresh_rows=refresh_rows, refresh_width=width if refresh_rows else 0,
                            window_rows=window_rows, window_tokens=block if window_rows else 0,
                            window_context=width if window_rows else 0, logit_positions=slots * block,

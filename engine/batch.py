@@ -38,7 +38,7 @@ class StepBatch:
     slots: torch.Tensor  # [rows]
     block_columns: torch.Tensor  # [rows, block_length] arena columns of each row's active block
     steps: torch.Tensor  # [rows] denoising step within the row's current block
-    sampled_rows: list[int]  # rows with temperature > 0
+    sampled_rows: torch.Tensor | None  # [k] rows with temperature > 0 (None: every row is greedy)
     noise_keys: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # seeds, global steps, canvas
     # positions of the sampled rows (see decoding.gumbel_noise)
     temperatures: torch.Tensor | None  # [len(sampled_rows)]
@@ -90,7 +90,7 @@ class RowArena:
         """Give the request a slot and write its row: pads, prompt, a canvas of masks."""
         slot = heapq.heappop(self._free)
         start = self.row_start(request)
-        prompt = torch.tensor(request.prompt_token_ids, dtype=torch.long).to(self.tokens.device)
+        prompt = self._to_device(request.prompt_token_ids)[0]
         self.tokens[slot, :start] = self.pad_id
         self.tokens[slot, start:start + request.prompt_length] = prompt
         self.tokens[slot, start + request.prompt_length:] = self.mask_id
@@ -113,27 +113,31 @@ class RowArena:
             refresh, window = [*refresh, *window], []
         refresh, window = sorted(refresh, key=_slot), sorted(window, key=_slot)
         rows = [*refresh, *window]
-        device = self.tokens.device
-        slots = torch.tensor([r.slot for r in rows], dtype=torch.long, device=device)
-        block_starts = torch.tensor([self.block_start(r) for r in rows], dtype=torch.long, device=device)
+        sampled = [index for index, r in enumerate(rows) if r.params.temperature > 0]
+        picked = [rows[index] for index in sampled]
+        slots, block_starts, steps, sampled_rows, seeds, block_indices, picked_steps = self._to_device(
+            [r.slot for r in rows], [self.block_start(r) for r in rows], [r.step_in_block for r in rows],
+            sampled, [r.seed for r in picked], [r.block_index for r in picked], [r.step_in_block for r in picked])
         refresh_part = self._refresh_part(refresh, slots[:len(refresh)], block_starts[:len(refresh)])
         window_part = self._window_part(window, slots[len(refresh):], block_starts[len(refresh):])
-        sampled = [index for index, r in enumerate(rows) if r.params.temperature > 0]
         noise_keys = temperatures = None
         if sampled:
-            picked = [rows[index] for index in sampled]
-            block_indices = torch.tensor([r.block_index for r in picked], device=device)
-            steps = torch.tensor([r.step_in_block for r in picked], device=device)
-            noise_keys = (torch.tensor([r.seed for r in picked], dtype=torch.long, device=device),
-                          block_indices * self.block_length + steps,
+            noise_keys = (seeds, block_indices * self.block_length + picked_steps,
                           block_indices[:, None] * self.block_length + self._block_offsets)
-            temperatures = torch.tensor([float(r.params.temperature) for r in picked], device=device)
+            temperatures = self._to_device([float(r.params.temperature) for r in picked], dtype=torch.float32)[0]
         return StepBatch(
             request_ids=[r.request_id for r in rows], refresh=refresh_part, window=window_part, slots=slots,
-            block_columns=block_starts[:, None] + self._block_offsets,
-            steps=torch.tensor([r.step_in_block for r in rows], dtype=torch.long, device=device),
-            sampled_rows=sampled, noise_keys=noise_keys, temperatures=temperatures,
+            block_columns=block_starts[:, None] + self._block_offsets, steps=steps,
+            sampled_rows=sampled_rows if sampled else None, noise_keys=noise_keys, temperatures=temperatures,
             record=self._record(refresh, window, refresh_part, window_part))
+
+    def _to_device(self, *lists: list, dtype: torch.dtype = torch.long) -> list[torch.Tensor]:
+        """Host lists to device tensors in ONE copy that does not wait for the device (pinned memory on
+        CUDA), so building a step never synchronises with the one still running."""
+        sizes = [len(values) for values in lists]
+        flat = torch.tensor([value for values in lists for value in values], dtype=dtype,
+                            pin_memory=self.tokens.is_cuda)
+        return list(flat.to(self.tokens.device, non_blocking=True).split(sizes))
 
     def _refresh_part(self, rows: Sequence[Request], slots: torch.Tensor,
                       block_starts: torch.Tensor) -> RefreshPart | None:
@@ -166,12 +170,10 @@ class RowArena:
         columns = columns.masked_fill(columns >= self.width, self.width)
         safe = columns.masked_fill(columns >= self.width, 0)
         slot_rows = slots[:, None]
-        first_slot = rows[0].slot
-        contiguous = all(r.slot == first_slot + index for index, r in enumerate(rows))
         return WindowPart(tokens=self.tokens[slot_rows, safe], positions=self.positions[slot_rows, safe],
                           columns=columns, slots=slots, context_start=self.width - max(r.width for r in rows),
                           num_read=self.block_length, read_shift=self.logit_shift - lookback,
-                          slot_range=(first_slot, first_slot + len(rows)) if contiguous else None)
+                          slot_runs=_slot_runs([r.slot for r in rows]))
 
     def _record(self, refresh: Sequence[Request], window: Sequence[Request], refresh_part: RefreshPart | None,
                 window_part: WindowPart | None) -> ForwardRecord:
@@ -195,3 +197,14 @@ class RowArena:
 
 def _slot(request: Request) -> int:
     return request.slot
+
+
+def _slot_runs(slots: list[int]) -> tuple[tuple[int, int], ...]:
+    """Sorted slots as runs of consecutive ones: ``[2, 3, 4, 7, 8] -> ((2, 3), (7, 2))``."""
+    runs: list[list[int]] = []
+    for slot in slots:
+        if runs and runs[-1][0] + runs[-1][1] == slot:
+            runs[-1][1] += 1
+        else:
+            runs.append([slot, 1])
+    return tuple((first, count) for first, count in runs)

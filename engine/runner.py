@@ -44,9 +44,8 @@ class ModelRunner:
         blocks = arena.block_tokens(batch)
         masked = blocks == mask_id
         sampling = None
-        if batch.sampled_rows:
-            rows = torch.tensor(batch.sampled_rows, device=blocks.device)
-            sampling = Sampling(rows=rows, temperatures=batch.temperatures,
+        if batch.sampled_rows is not None:
+            sampling = Sampling(rows=batch.sampled_rows, temperatures=batch.temperatures,
                                 noise=gumbel_noise(*batch.noise_keys, logits.shape[-1]))
         candidates, confidence = propose_tokens(logits, mask_id, sampling)
         masks_at_start = torch.full_like(batch.steps, self.block_length)  # a block starts all masks

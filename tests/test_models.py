@@ -313,9 +313,9 @@ def _window_check(lm: DiffusionLM, input_ids, position_ids, key_mask, columns, v
         safe = columns.clamp(max=width - 1)
         window_ids = torch.where(valid, input_ids.gather(1, safe), lm.tokens.pad_id)
         window_positions = torch.where(valid, position_ids.gather(1, safe), 0)
-        for slot_range in ((0, rows), None):  # a slice of the arena, or a gather of its slots
+        for slot_runs in (((0, rows),), ((0, 1), (1, rows - 1)), None):  # views of the arena, or a gather
             window = WindowPart(window_ids, window_positions, columns, slots, context_start=0,
-                                num_read=columns.shape[1], slot_range=slot_range)
+                                num_read=columns.shape[1], slot_runs=slot_runs)
             got = model.logits(model.forward_step(None, window, arena))
             expected = model.logits(hidden_full.gather(1, safe[..., None].expand(-1, -1, hidden_full.shape[-1])))
             torch.testing.assert_close(got[valid], expected[valid], atol=1e-10, rtol=1e-10)

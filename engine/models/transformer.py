@@ -118,7 +118,8 @@ class WindowPart:
     slots: torch.Tensor  # [rows]
     context_start: int
     num_read: int
-    slot_range: tuple[int, int] | None = None  # slots are exactly range(*slot_range): read a view
+    slot_runs: tuple[tuple[int, int], ...] | None = None  # rows in order as runs of consecutive slots
+    # (first slot, count): attention reads each run's cache as a view; None: gather the slots
     read_shift: int = 0
 
     @property
@@ -156,6 +157,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (widened * cos + torch.cat([-second, first], dim=-1) * sin).to(x.dtype)
 
 
+def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_mask: torch.Tensor,
+               gqa: bool) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=key_mask[:, None, None, :], enable_gqa=gqa)
+
+
 class Attention(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -177,9 +183,7 @@ class Attention(nn.Module):
             shape = (part.rows, part.length, -1, self.head_dim)
             part_q, part_k, part_v = (t[offset:offset + size].view(shape).transpose(1, 2) for t in (q, k, v))
             part_q, part_k = apply_rotary(part_q, part.cos, part.sin), apply_rotary(part_k, part.cos, part.sin)
-            keys, values, key_mask = part.attend(layer, part_k, part_v)
-            out = F.scaled_dot_product_attention(part_q, keys, values, attn_mask=key_mask[:, None, None, :],
-                                                 enable_gqa=self.num_kv_heads != self.num_heads)
+            out = part.attend(layer, part_q, part_k, part_v, self.num_kv_heads != self.num_heads)
             outputs.append(out.transpose(1, 2).reshape(size, -1))
             offset += size
         return self.o_proj(torch.cat(outputs) if len(outputs) > 1 else outputs[0])
@@ -217,7 +221,7 @@ class _PartContext:
     length: int
     cos: torch.Tensor
     sin: torch.Tensor
-    attend: Callable  # (layer, k, v) -> (keys, values, key_mask) this part's queries attend to
+    attend: Callable  # (layer, q, k, v, gqa) -> attention output: where this part's keys come from
 
 
 class BidirectionalTransformer(nn.Module):
@@ -288,11 +292,11 @@ class BidirectionalTransformer(nn.Module):
         rows, length = part.tokens.shape
         end = part.first_column + length
 
-        def attend(layer: int, k: torch.Tensor, v: torch.Tensor):
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
             if part.slots is not None:
                 arena.keys[layer][part.slots, :, part.first_column:end] = k
                 arena.values[layer][part.slots, :, part.first_column:end] = v
-            return k, v, part.key_mask
+            return _attention(q, k, v, part.key_mask, gqa)
 
         return _PartContext(rows, length, *self._rotary(part.positions), attend)
 
@@ -301,15 +305,20 @@ class BidirectionalTransformer(nn.Module):
         slot_index = part.slots[:, None]
         start = part.context_start
 
-        def attend(layer: int, k: torch.Tensor, v: torch.Tensor):
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
             keys, values = arena.keys[layer], arena.values[layer]
             keys[slot_index, :, part.columns] = k.transpose(1, 2)
             values[slot_index, :, part.columns] = v.transpose(1, 2)
-            if part.slot_range is not None:
-                first, last = part.slot_range
-                return (keys[first:last, :, start:], values[first:last, :, start:],
-                        arena.key_mask[first:last, start:])
-            return keys[part.slots, :, start:], values[part.slots, :, start:], arena.key_mask[part.slots, start:]
+            if part.slot_runs is None:
+                return _attention(q, keys[part.slots, :, start:], values[part.slots, :, start:],
+                                  arena.key_mask[part.slots, start:], gqa)
+            outputs, row = [], 0
+            for first, count in part.slot_runs:  # views of the arena: no copy of the cache
+                last = first + count
+                outputs.append(_attention(q[row:row + count], keys[first:last, :, start:],
+                                          values[first:last, :, start:], arena.key_mask[first:last, start:], gqa))
+                row += count
+            return torch.cat(outputs) if len(outputs) > 1 else outputs[0]
 
         return _PartContext(rows, length, *self._rotary(part.positions), attend)
 
