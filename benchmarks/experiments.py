@@ -17,7 +17,8 @@ PROJECTION = ("llada-8b", "h200")  # the projected columns: LLaDA-8B shapes on o
 
 @dataclass(frozen=True)
 class Scale:
-    """How much of each workload a suite runs (the full suite must fit 20 min on 2 cores)."""
+    """How much of each workload a suite runs (the full suite must fit ~20 min on 2 cores: four schedules
+    on four workloads, two of them replays with 256-token canvases)."""
 
     heldout: int | None  # held-out requests for the throughput table (None: the whole split)
     humaneval: int | None
@@ -27,16 +28,18 @@ class Scale:
     ablation_requests: int
     ablation_rounds: int
     capacity_budget: int  # bounding-box tokens of the capacity table
+    replay_requests: int = 48  # requests of each length-replay workload (benchmarks.replay)
     humaneval_max_new_tokens: int = 256  # the clip of the canonical-solution length caps
 
 
 SCALES = {
-    "full": Scale(heldout=64, humaneval=32, rounds=2, sweep_requests=16, batch_sizes=(1, 2, 4, 8, 16),
-                  ablation_requests=48, ablation_rounds=1, capacity_budget=4096),
+    "full": Scale(heldout=32, humaneval=24, rounds=2, sweep_requests=16, batch_sizes=(1, 4, 16),
+                  ablation_requests=24, ablation_rounds=1, capacity_budget=4096),
     "quick": Scale(heldout=16, humaneval=8, rounds=1, sweep_requests=4, batch_sizes=(1, 4, 16),
-                   ablation_requests=8, ablation_rounds=1, capacity_budget=2048),
+                   ablation_requests=8, ablation_rounds=1, capacity_budget=2048, replay_requests=16),
     "smoke": Scale(heldout=4, humaneval=2, rounds=1, sweep_requests=2, batch_sizes=(1, 2),
-                   ablation_requests=2, ablation_rounds=1, capacity_budget=1024, humaneval_max_new_tokens=64),
+                   ablation_requests=2, ablation_rounds=1, capacity_budget=1024, humaneval_max_new_tokens=64,
+                   replay_requests=3),
 }
 BATCH_SIZE = 16
 

@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> dict:
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     heldout = tiny_tasks("heldout", scale.heldout)
     humaneval = humaneval_for(lm, scale.humaneval, scale.humaneval_max_new_tokens)
-    replay_code = replay("humaneval", lm, scale.humaneval)  # answer lengths replayed, EOS steered
-    replay_short = replay("short", lm, scale.heldout)
+    replay_code = replay("humaneval", lm, scale.replay_requests)  # answer lengths replayed, EOS steered
+    replay_short = replay("short", lm, scale.replay_requests)
     code_lm, short_lm = replay_code.steered(lm), replay_short.steered(lm)
     results: dict = {"meta": {
         "command": "python -m benchmarks.run " + shlex.join(argv if argv is not None else sys.argv[1:]),
