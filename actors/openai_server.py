@@ -21,6 +21,7 @@ from actors.openai_protocol import (
     ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, CompletionChoice,
     CompletionRequest, CompletionResponse, ModelCard, ModelList, OpenAIError, Usage, new_id, now_s)
 from actors.serve_metrics import ServeMetrics
+from engine.config import blocks_needed
 from engine import RequestOutput, SamplingParams
 from engine.prompts import Prompt, encode_prompt
 
@@ -140,7 +141,7 @@ class OpenAIServer:
 
     def _check_width(self, prompt_tokens: int, max_tokens: int, param: str, prompt_param: str) -> None:
         """The engine's row is prompt + max_tokens rounded up to whole blocks: it must fit."""
-        blocks = -(-max_tokens // self.block_length)
+        blocks = blocks_needed(max_tokens, self.block_length)
         width = prompt_tokens + blocks * self.block_length
         for limit, what in ((self.lm.max_length, "the model's context length"),
                             (self.loop.engine.token_budget, "the engine's token budget")):

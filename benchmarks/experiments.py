@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.config import blocks_needed
 from engine.models.loader import DiffusionLM
 
 from benchmarks.projection import project
@@ -131,7 +132,7 @@ def _row_widths(lm: DiffusionLM, workload: Workload, block_length: int = 32) -> 
     widths = []
     for prompt, params in zip(workload.prompts, workload.params):
         prompt_length = len(encode_prompt(lm.tokenizer, prompt, lm.vocab_size))
-        widths.append(prompt_length + -(-params.max_new_tokens // block_length) * block_length)
+        widths.append(prompt_length + blocks_needed(params.max_new_tokens, block_length) * block_length)
     return widths
 
 

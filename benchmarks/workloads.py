@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine import RequestOutput, SamplingParams
+from engine.config import blocks_needed
 from tinylm.tasks import read_jsonl
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "assets" / "data"
@@ -79,7 +80,7 @@ def humaneval(encode: Callable[[str], list[int]], unk_id: int | None, max_length
     script's BPE estimate); prompt ids are then the last ``measure(prompt)`` ids.
     """
     measure = measure or (lambda text: len(encode(text)))
-    longest_canvas = -(-max_new_tokens // block_length) * block_length  # any cap fits after any prompt
+    longest_canvas = blocks_needed(max_new_tokens, block_length) * block_length  # any cap fits after any prompt
     problems = humaneval_problems()[:count]
     prompts, params, raw_caps, truncated, unknown, total = [], [], [], 0, 0, 0
     for problem in problems:
