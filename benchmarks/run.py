@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
                                for w, model in ((heldout.head(scale.ablation_requests), lm),
                                                 (replay_code.workload, code_lm))}
     if "ablations" in pieces:
-        results["ablations"] = timed("ablations", experiments.ablations, code_lm, replay_code.workload, scale)
+        results["ablations"] = timed("ablations", experiments.ablations, short_lm, replay_short.workload, scale)
     results["meta"]["durations_s"] = durations
     results["meta"]["wall_s"] = time.perf_counter() - started
 
