@@ -199,7 +199,7 @@ def device_key(name: str) -> str | None:
 
 def time_forward(lm: DiffusionLM, refresh_rows: int, window_rows: int, width: int, repeats: int):
     """Seconds of one packed forward (+ its logits) of that shape, median of ``repeats``; and its record."""
-    from engine.models.transformer import KVArena, RefreshPart, WindowPart
+    from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
     from engine.trace import ForwardRecord
 
     device, block = lm.device, 32

@@ -32,7 +32,7 @@ import torch
 from benchmarks.workloads import DATA_DIR, Workload, chat, humaneval_problems
 from engine import SamplingParams
 from engine.models.loader import DiffusionLM
-from engine.models.transformer import KVArena, RefreshPart, WindowPart
+from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
 from engine.prompts import encode_prompt
 from tinylm.tasks import read_jsonl
 

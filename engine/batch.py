@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.models.loader import DiffusionLM
-from engine.models.transformer import KVArena, RefreshPart, WindowPart
+from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
 from engine.request import Request
 from engine.trace import ForwardRecord
 

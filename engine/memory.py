@@ -14,7 +14,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.models.loader import DiffusionLM
-from engine.models.transformer import KVArena
+from engine.models.step_inputs import KVArena
 
 INDEX_BYTES = 8  # token ids and positions are int64
 

@@ -27,7 +27,7 @@ import torch
 from engine.config import blocks_needed
 from engine.decoding import DecodeRule, Sampling, gumbel_noise, propose_tokens, select_commits
 from engine.models.loader import DiffusionLM
-from engine.models.transformer import KVArena, RefreshPart, WindowPart
+from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
 
 
 @dataclass(frozen=True)

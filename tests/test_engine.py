@@ -42,9 +42,9 @@ class StepRecorder:
         return any(step["refresh"] and step["window"] for step in self.steps)
 
 
-def mixed_workload(rows, count=24):
+def mixed_workload(rows, count=16):
     prompts = [chat(row["prompt"]) for row in rows[:count]]
-    caps = [BLOCK * (1 + index % 4) for index in range(count)]
+    caps = [BLOCK * (1 + index % 3) for index in range(count)]
     return prompts, caps
 
 

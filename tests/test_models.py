@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from engine.models import BidirectionalTransformer, DiffusionLM, KVArena, load_model
-from engine.models.transformer import RefreshPart, WindowPart
+from engine.models.step_inputs import RefreshPart, WindowPart
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 LLADA_DIR = FIXTURES / "tiny-llada"

@@ -436,7 +436,7 @@ def test_a_stuck_engine_loop_reports_unhealthy(reference):
         return during, after
 
     during, after = asyncio.run(scenario())
-    assert during is not None and "has not completed a block cycle" in during
+    assert during is not None and "has not completed an engine step" in during
     assert after is None
 
 

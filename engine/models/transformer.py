@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
+
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -48,83 +50,6 @@ class TransformerConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
-
-
-class KVArena:
-    """Preallocated per-layer keys/values: ``[slots, kv_heads, width + 1, head_dim]``, written in place.
-
-    A request owns one slot while it runs; its row sits right-aligned in the slot (columns
-    ``[width - row_width, width)``), so a bounding box of width ``w`` is the slice ``[width - w, width)``
-    of every slot, whichever rows leave or join. Column ``width`` is scratch: never a real key, the
-    target of a ragged window's missing entries. A row that leaves frees its slot; nothing is copied.
-    """
-
-    def __init__(self, config: TransformerConfig, slots: int, width: int, dtype: torch.dtype,
-                 device: torch.device):
-        shape = (slots, config.num_kv_heads, width + 1, config.head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.key_mask = torch.zeros((slots, width + 1), dtype=torch.bool, device=device)
-
-    @property
-    def scratch_column(self) -> int:
-        return self.key_mask.shape[1] - 1
-
-    @property
-    def num_bytes(self) -> int:
-        tensors = [*self.keys, *self.values, self.key_mask]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-    @staticmethod
-    def bytes_per_slot_column(config: TransformerConfig, dtype: torch.dtype) -> int:
-        """Keys + values of one column of one slot, over all layers, plus its key-mask flag."""
-        element = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element + 1
-
-
-@dataclass
-class RefreshPart:
-    """Whole rows ``[rows, w]``: a block's first step, which also (re)builds the rows' cache.
-
-    With ``slots`` set, each row's keys/values are written to arena columns
-    ``[first_column, first_column + w)`` of its slot.
-    """
-
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    key_mask: torch.Tensor  # [rows, w] True on real tokens
-    read_columns: torch.Tensor  # [rows, n] columns whose hidden states are returned
-    slots: torch.Tensor | None = None
-    first_column: int = 0
-
-    @property
-    def num_rows(self) -> int:
-        return self.tokens.shape[0]
-
-
-@dataclass
-class WindowPart:
-    """A window of columns per row ``[rows, n]`` against the rows' cached keys/values.
-
-    Its own keys/values replace the cached ones at ``columns``; attention reads arena columns from
-    ``context_start`` on (the bounding box of these rows). The hidden states of positions
-    ``max(j - read_shift, 0)`` for ``j < num_read`` are returned: with a shifted family whose window
-    starts at the block (``read_shift`` 1), block position j is predicted by window position j - 1.
-    """
-
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    columns: torch.Tensor  # [rows, n] arena columns (the scratch column for a ragged window's tail)
-    slots: torch.Tensor  # [rows]
-    context_start: int
-    num_read: int
-    slot_runs: tuple[tuple[int, int], ...] | None = None  # rows in order as runs of consecutive slots
-    # (first slot, count): attention reads each run's cache as a view; None: gather the slots
-    read_shift: int = 0
-
-    @property
-    def num_rows(self) -> int:
-        return self.tokens.shape[0]
 
 
 class RMSNorm(nn.Module):
