@@ -1,6 +1,6 @@
 """Online load benchmark: Poisson arrivals against the serving loop, our schedules vs a static batcher.
 
-Both systems are the replica's own serving loop (``actors.serve_loop.EngineLoop``) over one loaded
+Both systems are the replica's own serving loop (``actors.engine_loop.EngineLoop``) over one loaded
 model, driven in-process without HTTP: the HTTP/Serve layer adds the same few milliseconds to both and
 only noise to the comparison, while the loop is where the policies differ.
 
@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from actors.serve_loop import EngineLoop
+from actors.engine_loop import EngineLoop
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models.loader import DiffusionLM, load_model, resolve_model_dir
 from engine.prompts import encode_prompt
@@ -103,7 +103,7 @@ async def drive(engine: BlockServeEngine, batching: str, workload: list[Request]
 
     async def one(index: int):
         await asyncio.sleep(max(0.0, start + arrivals[index] - time.time()))
-        stream = loop.submit(f"r{index}", workload[index].prompt_ids, workload[index].params)
+        stream = loop.submit(workload[index].prompt_ids, workload[index].params, f"r{index}")
         events = [event async for event in stream]
         return stream, events[-1].output
 

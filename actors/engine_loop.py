@@ -1,13 +1,17 @@
-"""The serving loop: one engine stepped by a background thread, fed and drained from asyncio.
+"""The one engine driver: an engine stepped by a background thread, for Ray Data batches and Serve alike.
 
-    event loop (HTTP handlers)                   loop thread (the only one that touches the engine)
-    submit() / abort() ──> inbox ─────────────>  at each block boundary: apply adds and aborts,
-    RequestStream  <── call_soon_threadsafe ───  step(), then one BlockEvent per row of the cycle
+    callers (any thread)                         loop thread (the only one that touches the engine)
+    submit() / abort() ──> inbox ─────────────>  between two steps: apply adds and aborts,
+    RequestStream.result  <── Future ──────────  step(), then one BlockEvent per row of the step
+    async for ... in RequestStream <── asyncio   (streamed to the caller's event loop when asked)
 
-A request submitted while a cycle runs waits in the inbox and joins at the next boundary, exactly like
-the offline path. ``batching="static"`` turns the loop into the classic static batcher used as the
-baseline: the engine's ``static`` schedule runs each batch to completion, and a new batch starts once
-``max_batch_size`` requests are waiting or the oldest has waited ``static_batch_timeout_s``.
+A request submitted while a step runs waits in the inbox and joins at the next step, next to rows of
+older submissions, so a Ray Data batch boundary is invisible to the engine (no drain-and-refill bubble).
+Every request has a ``result`` future (the batch actor awaits those); Serve streams its events too.
+Stall detection (``health_problem``), backpressure (``max_pending``, None for unbounded) and the busy /
+idle accounting serve both. ``batching="static"`` turns the loop into the classic static batcher used as
+the baseline: the engine's ``static`` schedule runs each batch to completion, and a new batch starts
+once ``max_batch_size`` requests are waiting or the oldest has waited ``static_batch_timeout_s``.
 """
 from __future__ import annotations
 
@@ -15,8 +19,10 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from engine import BlockServeEngine, EngineStats, RequestOutput, SamplingParams
@@ -45,23 +51,34 @@ class BlockEvent:
 
 @dataclass(eq=False)
 class RequestStream:
-    """One request as its caller sees it: ``async for event in stream`` yields one event per block."""
+    """One request as its caller sees it: ``result`` resolves to its RequestOutput; with an event loop,
+    ``async for event in stream`` also yields one event per block."""
 
     request_id: str
     arrival_time: float
-    event_loop: asyncio.AbstractEventLoop = field(repr=False)
+    event_loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     first_scheduled_time: float | None = None  # start of the step that admitted it into a row
     first_block_time: float | None = None  # end of the step that completed its first block
     num_blocks: int = 0
+    result: Future = field(default_factory=Future, repr=False)
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue, repr=False)
 
     def _push(self, item: BlockEvent | BaseException) -> None:  # called from the loop thread
+        if isinstance(item, BaseException):
+            if not self.result.done():
+                self.result.set_exception(item)
+        elif item.output is not None and not self.result.done():
+            self.result.set_result(item.output)
+        if self.event_loop is None:
+            return
         try:
             self.event_loop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
             pass
 
     async def __aiter__(self) -> AsyncIterator[BlockEvent]:
+        if self.event_loop is None:
+            raise RuntimeError("this request was submitted with stream=False: await its result instead")
         while True:
             item = await self._queue.get()
             if isinstance(item, BaseException):
@@ -84,15 +101,15 @@ class CycleReport:
 
 class EngineLoop:
     def __init__(self, engine: BlockServeEngine, *, batching: str = "continuous",
-                 static_batch_timeout_s: float = 0.05, max_pending: int = 64,
+                 static_batch_timeout_s: float = 0.05, max_pending: int | None = 64,
                  stall_timeout_s: float = 120.0, on_cycle: Callable[[CycleReport], None] | None = None):
         if batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
         if batching == "static" and engine.config.schedule != "static":
             raise ValueError("batching='static' needs an engine with schedule='static' (runs each batch "
                              f"to completion), got schedule={engine.config.schedule!r}")
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        if max_pending is not None and max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1 or None (unbounded), got {max_pending}")
         self.engine = engine
         self.batching = batching
         self.static_batch_timeout_s = static_batch_timeout_s
@@ -107,6 +124,11 @@ class EngineLoop:
         self._stopping = False
         self._failure: BaseException | None = None
         self._heartbeat = time.monotonic()
+        self.stats: EngineStats = engine.stats()  # refreshed by the loop thread after each step
+        self.first_submit_time: float | None = None
+        self.last_finish_time: float | None = None
+        self.idle_s = 0.0  # time the engine sat empty between its first submission and later ones
+        self._idle_since: float | None = None
         self._thread = threading.Thread(target=self._run, name="blockserve-engine-loop", daemon=True)
 
     # -- the caller's side (event-loop thread) -----------------------------------------------------
@@ -114,15 +136,25 @@ class EngineLoop:
         self._thread.start()
         return self
 
-    def submit(self, request_id: str, prompt: Prompt, params: SamplingParams) -> RequestStream:
-        """Queue a request for the next block boundary; raises QueueFullError / EngineDeadError."""
+    def submit(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
+               stream: bool = True) -> RequestStream:
+        """Queue a request for the next step; raises QueueFullError / EngineDeadError.
+
+        ``stream=True`` (Serve) needs a running event loop and delivers one event per block to it;
+        ``stream=False`` (batches, any thread) only resolves ``result``."""
+        request_id = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
+        event_loop = asyncio.get_running_loop() if stream else None
         with self._wakeup:
             if self._failure is not None or self._stopping:
                 raise EngineDeadError(self.health_problem() or "engine loop is shutting down")
-            if len(self._waiting) >= self.max_pending:
+            if self.max_pending is not None and len(self._waiting) >= self.max_pending:
                 raise QueueFullError(f"{len(self._waiting)} requests are already waiting "
                                      f"(max_pending={self.max_pending})")
-            stream = RequestStream(request_id, time.time(), asyncio.get_running_loop())
+            if request_id in self._streams:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            stream = RequestStream(request_id, time.time(), event_loop)
+            if self.first_submit_time is None:
+                self.first_submit_time = stream.arrival_time
             self._streams[request_id] = stream
             self._waiting[request_id] = stream.arrival_time
             self._inbox.append(("add", request_id, prompt, params))
@@ -134,6 +166,13 @@ class EngineLoop:
         with self._wakeup:
             self._inbox.append(("abort", request_id))
             self._wakeup.notify()
+
+    @property
+    def active_s(self) -> float:
+        """Wall time from the first submission to the latest finished request."""
+        if self.first_submit_time is None or self.last_finish_time is None:
+            return 0.0
+        return self.last_finish_time - self.first_submit_time
 
     @property
     def num_waiting(self) -> int:
@@ -155,7 +194,8 @@ class EngineLoop:
                     f"(stall_timeout_s={self.stall_timeout_s})")
         return None
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self, timeout_s: float | None = 10.0) -> None:
+        """Stop after the current step; requests still queued or running fail with EngineDeadError."""
         with self._wakeup:
             self._stopping = True
             self._wakeup.notify()
@@ -186,13 +226,28 @@ class EngineLoop:
             commands, self._inbox = self._inbox, deque()
         for command in commands:
             if command[0] == "add":
-                self.engine.add_request(command[2], command[3], request_id=command[1])
+                self._end_idle()
+                try:
+                    self.engine.add_request(command[2], command[3], request_id=command[1])
+                except Exception as error:  # bad input finishes as "error" itself; this is a last resort
+                    with self._wakeup:
+                        self._waiting.pop(command[1], None)
+                        stream = self._streams.pop(command[1], None)
+                    if stream is not None:
+                        stream._push(error)
             else:
                 self.engine.abort_request(command[1])
+
+    def _end_idle(self) -> None:
+        if self._idle_since is not None:
+            self.idle_s += time.time() - self._idle_since  # the engine ran dry: a bubble
+            self._idle_since = None
 
     def _wait_before_step(self) -> float:
         """Seconds to wait before the next step: idle, or a static batcher still collecting a batch."""
         if not self.engine.has_unfinished_requests():
+            if self._idle_since is None and self.first_submit_time is not None:
+                self._idle_since = time.time()
             return HEARTBEAT_S
         collecting = (self.batching == "static" and self.engine.num_running == 0
                       and 0 < self.engine.num_pending < self.engine.config.max_batch_size)
@@ -207,6 +262,9 @@ class EngineLoop:
         finished = {output.request_id: output for output in self.engine.step()}
         cycle = self.engine.last_step
         ended = time.time()
+        self.stats = self.engine.stats()
+        if finished:
+            self.last_finish_time = ended
         touched = list(dict.fromkeys([*cycle.admitted, *cycle.new_token_ids, *finished]))
         with self._wakeup:
             for request_id in touched:
@@ -233,7 +291,7 @@ class EngineLoop:
                 done.append((stream, output))
         if self.on_cycle is not None:
             report = CycleReport(num_waiting=num_waiting, num_running=self._num_running, cycle=cycle,
-                                 stats=self.engine.stats(), finished=done)
+                                 stats=self.stats, finished=done)
             try:
                 self.on_cycle(report)
             except Exception:  # a metrics bug must not take the engine down
