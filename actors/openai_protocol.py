@@ -1,5 +1,8 @@
 """The OpenAI-compatible wire format: request bodies (validated strictly), responses, stream chunks, errors.
 
+Requests are our own strict models; responses and stream chunks are the ``openai`` package's types, so
+what a client parses is what we built.
+
 Only what BlockServe can honour is accepted: one choice (``n`` = 1), greedy or sampled decoding with a
 seed, ``stop`` strings (applied to the decoded text), and ``ignore_eos`` (a vLLM extension, for
 benchmarks that want exact lengths). Types are strict, so ``"max_tokens": "8"`` is a 400, not an 8.
@@ -11,6 +14,11 @@ import time
 import uuid
 from typing import Any, Literal
 
+from openai.types import Completion, CompletionChoice, CompletionUsage, Model
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice as ChatChoice
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_STOP_STRINGS = 4  # OpenAI's own limit
@@ -87,11 +95,8 @@ class ChatCompletionRequest(_Request):
         return [{"role": message.role, "content": message.content} for message in self.messages]
 
 
-# -- responses -------------------------------------------------------------------------------------
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
+# -- responses: the openai package's own types; ``blockserve`` rides along as an extra field ------------
+FinishReason = Literal["stop", "length"]
 
 
 class BlockServeInfo(BaseModel):
@@ -106,78 +111,57 @@ class BlockServeInfo(BaseModel):
     num_steps: int | None  # None when the server cut the request short (a stop string)
 
 
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: None = None
-    finish_reason: str | None
-
-
-class ChatChoiceMessage(BaseModel):
-    role: str = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: ChatChoiceMessage
-    logprobs: None = None
-    finish_reason: str | None
-
-
-class ChatDelta(BaseModel):
-    role: str | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChatDelta
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: str = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-    blockserve: BlockServeInfo | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: str = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage | None = None
-    blockserve: BlockServeInfo | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: str = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    blockserve: BlockServeInfo | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: str = "model"
-    created: int
-    owned_by: str = "blockserve"
-    max_model_len: int
-
-
 class ModelList(BaseModel):
-    object: str = "list"
-    data: list[ModelCard]
+    """The /v1/models envelope: the openai package only has a client-side page type for it."""
+
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+def token_usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
+    return CompletionUsage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                           total_tokens=prompt_tokens + completion_tokens)
+
+
+def completion(request_id: str, model: str, text: str | None, finish: FinishReason | None, *,
+               usage: CompletionUsage | None = None, info: BlockServeInfo | None = None) -> Completion:
+    """A completion or one of its stream chunks (OpenAI streams legacy completions as Completions too);
+    ``text=None`` is the usage-only chunk, with no choice."""
+    if text is None:
+        choices = []
+    elif finish is None:  # a mid-stream chunk: the type wants a reason, OpenAI's own stream sends null
+        choices = [CompletionChoice.model_construct(index=0, text=text, logprobs=None, finish_reason=None)]
+    else:
+        choices = [CompletionChoice(index=0, text=text, finish_reason=finish)]
+    return Completion(id=request_id, object="text_completion", created=now_s(), model=model,
+                      choices=choices, usage=usage, **_extra(info))
+
+
+def chat_completion(request_id: str, model: str, text: str, finish: FinishReason, *,
+                    usage: CompletionUsage, info: BlockServeInfo) -> ChatCompletion:
+    message = ChatCompletionMessage(role="assistant", content=text)
+    return ChatCompletion(id=request_id, object="chat.completion", created=now_s(), model=model,
+                          choices=[ChatChoice(index=0, message=message, finish_reason=finish)],
+                          usage=usage, **_extra(info))
+
+
+def chat_chunk(request_id: str, model: str, delta: ChoiceDelta | None, finish: FinishReason | None, *,
+               usage: CompletionUsage | None = None,
+               info: BlockServeInfo | None = None) -> ChatCompletionChunk:
+    """One chat stream chunk; ``delta=None`` is the usage-only chunk, with no choice."""
+    choices = [] if delta is None else [ChunkChoice(index=0, delta=delta, finish_reason=finish)]
+    return ChatCompletionChunk(id=request_id, object="chat.completion.chunk", created=now_s(),
+                               model=model, choices=choices, usage=usage, **_extra(info))
+
+
+def _extra(info: BlockServeInfo | None) -> dict[str, BlockServeInfo]:
+    """The non-standard ``blockserve`` object: openai's models keep unknown fields (extra="allow")."""
+    return {} if info is None else {"blockserve": info}
+
+
+def dump(response: BaseModel) -> dict[str, Any]:
+    """A response as JSON-ready data: every field of the OpenAI type (unset ones as null), plus extras."""
+    return response.model_dump(mode="json")
 
 
 def new_id(prefix: str) -> str:

@@ -1,5 +1,5 @@
 """The OpenAI endpoints over one engine loop, independent of FastAPI and Ray: validated bodies in,
-pydantic responses or Server-Sent-Event lines out, :class:`OpenAIError` for anything the client must fix.
+openai-typed responses or Server-Sent-Event lines out, :class:`OpenAIError` for anything the client must fix.
 
 Requests are checked and tokenized here, before they reach the engine, so a bad one is a 400 naming its
 field and never occupies the loop. A streamed response sends one chunk per committed block (a diffusion
@@ -12,20 +12,22 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from openai.types import Completion, CompletionUsage, Model
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from pydantic import BaseModel
 from transformers import PreTrainedTokenizerBase
 
-from actors.serve_loop import EngineDeadError, EngineLoop, QueueFullError, RequestStream
+from actors.engine_loop import EngineDeadError, EngineLoop, QueueFullError, RequestStream
 from actors.openai_protocol import (
-    MAX_STOP_STRINGS, BlockServeInfo, ChatChoice, ChatChoiceMessage, ChatChunkChoice,
-    ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, CompletionChoice,
-    CompletionRequest, CompletionResponse, ModelCard, ModelList, OpenAIError, Usage, new_id, now_s)
+    MAX_STOP_STRINGS, BlockServeInfo, ChatCompletionRequest, CompletionRequest, FinishReason, ModelList,
+    OpenAIError, chat_chunk, chat_completion, completion, dump, new_id, now_s, token_usage)
 from actors.serve_metrics import ServeMetrics
 from engine.config import blocks_needed
 from engine import RequestOutput, SamplingParams
 from engine.prompts import Prompt, encode_prompt
 
-FINISH_REASONS = {"eos": "stop", "length": "length", "abort": "abort"}
+FINISH_REASONS: dict[str, FinishReason] = {"eos": "stop", "length": "length"}
 
 
 class TextStream:
@@ -86,14 +88,14 @@ class OpenAIServer:
         self.created = now_s()
 
     def models(self) -> ModelList:
-        return ModelList(data=[ModelCard(id=self.model_name, created=self.created,
-                                         max_model_len=self.lm.max_length)])
+        return ModelList(data=[Model(id=self.model_name, object="model", created=self.created,
+                                     owned_by="blockserve", max_model_len=self.lm.max_length)])
 
-    async def completions(self, body: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
+    async def completions(self, body: CompletionRequest) -> Completion | AsyncIterator[str]:
         job = self._submit(body, body.prompt_input(), "prompt", (body.max_tokens, "max_tokens"), chat=False)
         return self._stream_events(job) if body.stream else await self._collect(job)
 
-    async def chat(self, body: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
+    async def chat(self, body: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[str]:
         max_tokens = ((body.max_tokens, "max_tokens") if body.max_tokens is not None
                       else (body.max_completion_tokens, "max_completion_tokens"))
         job = self._submit(body, body.prompt_input(), "messages", max_tokens, chat=True)
@@ -127,7 +129,7 @@ class OpenAIServer:
                                 stop_at_eos=not body.ignore_eos)
         request_id = new_id("chatcmpl" if chat else "cmpl")
         try:
-            stream = self.loop.submit(request_id, prompt_ids, params)
+            stream = self.loop.submit(prompt_ids, params, request_id)
         except QueueFullError as error:
             if self.metrics is not None:
                 self.metrics.rejected.inc()
@@ -157,7 +159,7 @@ class OpenAIServer:
                     param=param, code="context_length_exceeded")
 
     # -- responses ---------------------------------------------------------------------------------
-    async def _collect(self, job: Job) -> CompletionResponse | ChatCompletionResponse:
+    async def _collect(self, job: Job) -> Completion | ChatCompletion:
         finish, output = None, None
         try:
             async for event in job.stream:
@@ -174,16 +176,9 @@ class OpenAIServer:
             if finish is None or job.text.stopped:  # cancelled (client gone) or cut at a stop string
                 self.loop.abort(job.stream.request_id)
         job.text.flush()
-        usage = self._usage(job)
-        info = self._info(job, output)
-        if job.chat:
-            return ChatCompletionResponse(
-                id=job.stream.request_id, created=now_s(), model=self.model_name, usage=usage,
-                blockserve=info, choices=[ChatChoice(message=ChatChoiceMessage(content=job.text.text),
-                                                     finish_reason=finish)])
-        return CompletionResponse(
-            id=job.stream.request_id, created=now_s(), model=self.model_name, usage=usage,
-            blockserve=info, choices=[CompletionChoice(text=job.text.text, finish_reason=finish)])
+        build = chat_completion if job.chat else completion
+        return build(job.stream.request_id, self.model_name, job.text.text, finish,
+                     usage=self._usage(job), info=self._info(job, output))
 
     async def _stream_events(self, job: Job) -> AsyncIterator[str]:
         finish, first = None, True
@@ -212,29 +207,29 @@ class OpenAIServer:
                 self.loop.abort(job.stream.request_id)
         yield "data: [DONE]\n\n"
 
-    def _chunk(self, job: Job, delta: str | None, finish: str | None,
-               info: BlockServeInfo | None, role: bool, usage: Usage | None = None) -> BaseModel:
-        created, request_id = now_s(), job.stream.request_id
-        if job.chat:
-            choices = [] if usage else [ChatChunkChoice(
-                delta=ChatDelta(role="assistant" if role else None, content=delta), finish_reason=finish)]
-            return ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
-                                       choices=choices, usage=usage, blockserve=info)
-        choices = [] if usage else [CompletionChoice(text=delta or "", finish_reason=finish)]
-        return CompletionResponse(id=request_id, created=created, model=self.model_name,
-                                  choices=choices, usage=usage, blockserve=info)
+    def _chunk(self, job: Job, delta: str | None, finish: FinishReason | None,
+               info: BlockServeInfo | None, role: bool,
+               usage: CompletionUsage | None = None) -> Completion | ChatCompletionChunk:
+        """One stream chunk; ``delta=None`` is the closing usage-only chunk."""
+        request_id = job.stream.request_id
+        if not job.chat:
+            return completion(request_id, self.model_name, delta, finish, usage=usage, info=info)
+        choice_delta = None if delta is None else ChoiceDelta(role="assistant" if role else None,
+                                                              content=delta)
+        return chat_chunk(request_id, self.model_name, choice_delta, finish, usage=usage, info=info)
 
     @staticmethod
-    def _finish_reason(output: RequestOutput) -> str:
+    def _finish_reason(output: RequestOutput) -> FinishReason:
         if output.finish_reason == "error":  # checked at admission, so this is the engine's own verdict
             raise OpenAIError(output.error or "request failed", param=None, code="invalid_value")
+        if output.finish_reason == "abort":  # only this server aborts, once nobody waits: not expected
+            raise OpenAIError("request was aborted by the server", status=503, type="server_error",
+                              code="request_aborted")
         return FINISH_REASONS[output.finish_reason]
 
     @staticmethod
-    def _usage(job: Job) -> Usage:
-        completion = len(job.text.token_ids)
-        return Usage(prompt_tokens=job.prompt_tokens, completion_tokens=completion,
-                     total_tokens=job.prompt_tokens + completion)
+    def _usage(job: Job) -> CompletionUsage:
+        return token_usage(job.prompt_tokens, len(job.text.token_ids))
 
     @staticmethod
     def _info(job: Job, output: RequestOutput | None) -> BlockServeInfo:
@@ -250,9 +245,3 @@ def _sse(payload: BaseModel | dict) -> str:
     if isinstance(payload, BaseModel):
         payload = dump(payload)
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
-
-
-def dump(response: BaseModel) -> dict:
-    """A response as JSON-ready data: the optional ``usage`` / ``blockserve`` objects only when set."""
-    unset = {name for name in ("usage", "blockserve") if getattr(response, name, None) is None}
-    return response.model_dump(exclude=unset)

@@ -192,6 +192,29 @@ def test_stop_string_cuts_the_text_and_finishes_with_stop(client, expect):
     assert answer.choices[0].finish_reason == "stop"
 
 
+def test_responses_are_the_openai_types_plus_the_blockserve_object(server):
+    from openai.types import Completion, Model
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    def same_after_validation(openai_type, data: dict) -> bool:  # no field lost, none coerced
+        return openai_type.model_validate(data).model_dump(mode="json") == data
+
+    body = {"model": MODEL, "max_tokens": 32}
+    for path, prompt, openai_type in (
+            ("/v1/completions", {"prompt": "count from 1 to 5"}, Completion),
+            ("/v1/chat/completions", {"messages": chat("count from 1 to 5")}, ChatCompletion)):
+        data = httpx.post(f"{server}{path}", json={**body, **prompt}, timeout=TIMEOUT_S).json()
+        assert same_after_validation(openai_type, data) and data["blockserve"]["num_blocks"] == 1
+    stream = {**body, "messages": chat("count from 1 to 5"), "stream": True,
+              "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json=stream, timeout=TIMEOUT_S) as response:
+        chunks = [json.loads(event) for event in sse_events(response)[:-1]]
+    assert all(same_after_validation(ChatCompletionChunk, chunk) for chunk in chunks)
+    assert "blockserve" in chunks[-2] and chunks[-1]["choices"] == [] and chunks[-1]["usage"]
+    (model,) = httpx.get(f"{server}/v1/models", timeout=10).json()["data"]
+    assert same_after_validation(Model, model) and model["max_model_len"] > 0
+
+
 # -- online batching -------------------------------------------------------------------------------
 def test_sixteen_concurrent_requests_of_different_lengths_each_equal_engine_generate(
         server, reference, heldout_rows):
@@ -376,13 +399,13 @@ def test_stop_strings_are_held_back_until_a_later_block_rules_them_out(reference
 # -- the loop on its own (no Serve) -----------------------------------------------------------------
 def run_loop(engine: BlockServeEngine, prompts: list, *, pause_s: float = 0.0, **options):
     """Submit prompts to a fresh EngineLoop (pause_s apart) and collect (stream, last event or error)."""
-    from actors.serve_loop import EngineLoop
+    from actors.engine_loop import EngineLoop
 
     async def scenario():
         loop = EngineLoop(engine, **options).start()
         streams = []
         for index, prompt in enumerate(prompts):
-            streams.append(loop.submit(f"r{index}", prompt, SamplingParams(max_new_tokens=32)))
+            streams.append(loop.submit(prompt, SamplingParams(max_new_tokens=32), f"r{index}"))
             await asyncio.sleep(pause_s)
 
         async def last(stream):
@@ -400,7 +423,7 @@ def run_loop(engine: BlockServeEngine, prompts: list, *, pause_s: float = 0.0, *
 
 
 def test_a_dead_engine_loop_fails_its_callers_and_reports_unhealthy(reference):
-    from actors.serve_loop import EngineDeadError
+    from actors.engine_loop import EngineDeadError
 
     engine = BlockServeEngine(reference.lm, EngineConfig(**SMALL_ENGINE))
 
@@ -422,11 +445,11 @@ def test_a_stuck_engine_loop_reports_unhealthy(reference):
         return step()
 
     engine.step = slow_step
-    from actors.serve_loop import EngineLoop
+    from actors.engine_loop import EngineLoop
 
     async def scenario():
         loop = EngineLoop(engine, stall_timeout_s=0.3).start()
-        stream = loop.submit("r0", chat("count from 1 to 3"), SamplingParams(max_new_tokens=32))
+        stream = loop.submit(chat("count from 1 to 3"), SamplingParams(max_new_tokens=32), "r0")
         await asyncio.sleep(0.7)
         during = loop.health_problem()
         _ = [event async for event in stream]
