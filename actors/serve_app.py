@@ -4,8 +4,9 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``
 (503 when the engine loop died or is stuck; ``check_health`` makes Serve replace such a replica) and
-``GET /metrics`` (Prometheus). Ray's part is this file only: the loop, the protocol and the handlers
-are plain Python (``serve_loop``, ``openai_protocol``, ``openai_server``).
+``GET /metrics`` (Prometheus text of THIS replica only; a deployment's metrics, every replica tagged,
+go through Ray's metrics export: see ``serve_metrics``). Ray's part is this file only: the loop, the
+protocol and the handlers are plain Python (``engine_loop``, ``openai_protocol``, ``openai_server``).
 """
 # No ``from __future__ import annotations`` here: Serve's ingress rebuilds the route methods, and FastAPI
 # must see real classes (not strings) in their signatures to read the JSON body.
@@ -25,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from actors.api_keys import authorize, check_exposure, resolve_api_key, serve_http_host
 from actors.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, validation_error
 from actors.openai_server import OpenAIServer, dump
-from actors.serve_loop import EngineLoop
+from actors.engine_loop import EngineLoop
 from actors.serve_metrics import ServeMetrics
 from engine import BlockServeEngine, EngineConfig
 
@@ -133,6 +134,7 @@ class BlockServeOpenAI:
                                max_pending=self.config.max_pending,
                                stall_timeout_s=self.config.stall_timeout_s,
                                on_cycle=self.metrics.record_cycle).start()
+        self.metrics.watch(self.loop)  # live queue / health gauges between engine steps
         self.server = OpenAIServer(
             self.loop, model_name=self.config.name, metrics=self.metrics,
             max_tokens_limit=self.config.max_tokens_limit, default_max_tokens=self.config.default_max_tokens,
@@ -161,10 +163,11 @@ class BlockServeOpenAI:
         return JSONResponse(status, status_code=200 if problem is None else 503)
 
     @api.get("/metrics")
-    async def prometheus_metrics(self) -> Response:
-        self.metrics.queue_depth.set(self.loop.num_waiting)  # live, not as of the last engine step
-        self.metrics.loop_healthy.set(self.loop.health_problem() is None)
-        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    async def replica_metrics(self) -> Response:
+        """This replica's metrics only (load-balanced: a random replica); scrape Ray's metrics export."""
+        self.metrics.refresh(self.loop)  # live, not as of the last engine step
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST,
+                        headers={"X-BlockServe-Replica": self.metrics.identity["replica"]})
 
     def check_health(self) -> None:
         """Serve's probe: raising marks the replica unhealthy, and the controller replaces it."""

@@ -24,7 +24,7 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
                  object_store_memory=200 * 1024 * 1024,
                  runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO_ROOT)}})
     yield ray
