@@ -4,17 +4,25 @@
                    "sampling": {...}}, compute=ray.data.ActorPoolStrategy(size=N,
                    max_concurrent_calls_per_actor=4), num_gpus=1, batch_size=64)
 
+Rows follow Ray's LLM processors (``ray.data.llm``): a ``messages`` column (a chat) gets the model's
+chat template; a ``prompt`` column is raw text, tokenized as is, exactly like ``engine.generate`` (set
+``chat_template=True`` to wrap it as one user message, as the tiny model's configs do), or token ids;
+an optional ``sampling_params`` dict per row takes vLLM's names (``max_tokens``, ``temperature``,
+``seed``, ``ignore_eos``) or ours. Output columns are named like Ray's vLLM stage where the meaning is
+the same (:data:`OUTPUT_SCHEMA`), plus ours. A row that cannot be served gets ``__inference_error__``
+and ``finish_reason="error"`` while the others are unaffected; with ``should_continue_on_error=False``
+(Ray's default in its processors) such a row fails the batch instead.
+
 ``__call__`` is a coroutine, so Ray Data runs several batches of one actor at once on the actor's event
-loop. Each call only queues its rows on the actor's :class:`~actors.batch_loop.EngineLoop` and awaits
-their futures; the single loop thread keeps the engine stepping across batch boundaries. Every batch comes
-back complete, in its input row order. Bad rows get ``error`` and ``finish_reason="error"``; others in the
-batch are unaffected. With ``stats_actor`` set, a snapshot of this actor's stats reaches that named
-:class:`~actors.stats_registry.StatsRegistry` before each batch is returned.
+loop. Each call only queues its rows on the actor's :class:`~actors.engine_loop.EngineLoop` (the same
+driver Serve uses) and awaits their results; the single loop thread keeps the engine stepping across
+batch boundaries. Every batch comes back complete, in its input row order. With ``stats_actor`` set, a
+snapshot of this actor's stats reaches that named :class:`~actors.stats_registry.StatsRegistry` before
+each batch is returned. :mod:`actors.processor` runs the same rows through ``build_processor``.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import random
@@ -26,41 +34,54 @@ from typing import Any, Literal
 import pyarrow as pa
 import torch
 
-from actors.batch_loop import EngineLoop
 from actors.batch_rows import Batch, column_values, is_missing, num_rows, with_columns
 from actors.device_stats import UtilizationSampler, memory_peak
+from actors.engine_loop import EngineLoop
+from actors.row_params import sampling_params_for_row
 from engine import BlockServeEngine, EngineConfig, RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 
-ROW_PARAM_COLUMNS = ("max_new_tokens", "temperature", "seed")  # optional per-row SamplingParams
+INPUT_COLUMNS = ("messages", "prompt", "sampling_params")
 OUTPUT_SCHEMA = pa.schema([
-    ("generated_text", pa.string()), ("num_generated_tokens", pa.int64()), ("finish_reason", pa.string()),
-    ("error", pa.string()), ("num_blocks", pa.int64()), ("queue_s", pa.float64()),
-    ("latency_s", pa.float64()), ("actor_id", pa.string()), ("node_id", pa.string()),
-    ("device", pa.string()),
+    # named as Ray's vLLM stage names them
+    ("generated_text", pa.string()), ("generated_tokens", pa.list_(pa.int64())),
+    ("num_generated_tokens", pa.int64()), ("num_input_tokens", pa.int64()),
+    ("time_taken_llm", pa.float64()), ("__inference_error__", pa.string()),
+    # ours
+    ("finish_reason", pa.string()), ("num_blocks", pa.int64()), ("queue_s", pa.float64()),
+    ("actor_id", pa.string()), ("node_id", pa.string()), ("device", pa.string()),
 ])
+HEALTH_CHECK_S = 5.0  # how often a waiting batch asks whether the engine loop still steps
 LATENCY_SAMPLES = 2048  # per actor instance, for the driver's latency-by-length plot
+
+
+class RowError(RuntimeError):
+    """A row could not be served and ``should_continue_on_error`` is False."""
 
 
 class BlockServeActor:
     def __init__(self, model: str = "tiny", engine: dict | None = None, sampling: dict | None = None,
-                 prompt_column: str = "prompt", chat_template: bool = True, dtype: str = "float32",
-                 device: str | None = None, torch_threads: int | None = None,
-                 stats_actor: str | None = None, fail_after_rows: int | None = None,
-                 fail_mode: Literal["crash", "error"] = "crash"):
+                 prompt_column: str = "prompt", messages_column: str = "messages",
+                 chat_template: bool = False, should_continue_on_error: bool = True,
+                 dtype: str = "float32", device: str | None = None, torch_threads: int | None = None,
+                 stall_timeout_s: float = 600.0, stats_actor: str | None = None,
+                 fail_after_rows: int | None = None, fail_mode: Literal["crash", "error"] = "crash"):
         """``engine``/``sampling``: EngineConfig / SamplingParams fields (unknown keys raise ValueError);
         ``sort_pending`` defaults to False here (see below).
-        ``chat_template``: wrap a plain-string prompt as one user message. ``device``: None picks CUDA
-        when present. ``fail_after_rows``: fault injection for tests; once that many rows are done, the
-        next batch crashes the actor (``"crash"``: the process exits, once; Ray restarts it and retries
-        the batch) or raises (``"error"``: the job fails)."""
+        ``chat_template``: wrap a raw ``prompt`` string as one user message (``messages`` always gets
+        the template). ``device``: None picks CUDA when present. ``stall_timeout_s``: a batch fails
+        (Ray Data retries it) when the engine has not completed a step for this long.
+        ``fail_after_rows``: fault injection for tests; once that many rows are done, the next batch
+        crashes the actor (``"crash"``: the process exits, once; Ray restarts it and retries the batch)
+        or raises (``"error"``: the job fails)."""
         if torch_threads:
             torch.set_num_threads(torch_threads)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model_name = str(model)
-        self.prompt_column = prompt_column
+        self.prompt_column, self.messages_column = prompt_column, messages_column
         self.chat_template = chat_template
+        self.should_continue_on_error = should_continue_on_error
         self.default_params = SamplingParams.from_dict(sampling or {})
         # Admission in arrival order unless told otherwise: with length-sorted admission, rows of every
         # in-flight batch interleave and all those batches finish together, leaving the engine empty
@@ -72,7 +93,8 @@ class BlockServeActor:
         self.actor_id, self.node_id, self.restarted = _placement()
         self.instance_id = uuid.uuid4().hex
         self.utilization = UtilizationSampler(self.device)
-        self.loop = EngineLoop(self.engine, after_step=self.utilization.maybe_sample)
+        self.loop = EngineLoop(self.engine, max_pending=None, stall_timeout_s=stall_timeout_s,
+                               on_cycle=lambda _: self.utilization.maybe_sample()).start()
         self.stats_actor = stats_actor
         self.fail_after_rows = fail_after_rows
         self.fail_mode = fail_mode
@@ -82,55 +104,81 @@ class BlockServeActor:
         self._rng = random.Random(0)
 
     async def __call__(self, batch: Batch) -> Batch:
+        columns = {name: column_values(batch, column) for name, column in (
+            ("messages", self.messages_column), ("prompt", self.prompt_column),
+            ("sampling_params", "sampling_params"))}
+        rows = [{name: values[index] for name, values in columns.items() if values is not None}
+                for index in range(num_rows(batch))]
+        outputs = await self.generate_rows(rows)
+        return with_columns(batch, {field.name: pa.array([o[field.name] for o in outputs], field.type)
+                                    for field in OUTPUT_SCHEMA})
+
+    async def generate_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One output dict (the :data:`OUTPUT_SCHEMA` columns) per row dict, in order. A row holds
+        ``messages`` or ``prompt``, and optionally ``sampling_params``."""
         self._maybe_inject_failure()
         started = time.perf_counter()
-        size = num_rows(batch)
-        prompts = column_values(batch, self.prompt_column)
-        overrides = {name: column_values(batch, name) for name in ROW_PARAM_COLUMNS}
-        results: list[RequestOutput | str | None] = [None] * size
-        pending: dict[int, Any] = {}
-        for index in range(size):
-            row_overrides = {name: values[index] for name, values in overrides.items() if values is not None}
-            prepared = self._prepare_row(None if prompts is None else prompts[index], row_overrides)
+        results: list[RequestOutput | str | None] = [None] * len(rows)
+        pending: dict[int, asyncio.Future] = {}
+        for index, row in enumerate(rows):
+            prepared = self._prepare_row(row)
             if isinstance(prepared, str):
                 results[index] = prepared
             else:
-                pending[index] = asyncio.wrap_future(self.loop.submit(*prepared))
-        for index, output in zip(pending, await asyncio.gather(*pending.values())):
+                pending[index] = asyncio.wrap_future(self.loop.submit(*prepared, stream=False).result)
+        for index, output in zip(pending, await self._results(list(pending.values()))):
             results[index] = output
         self._record(results)
+        if not self.should_continue_on_error:
+            self._raise_first_error(results)
         await self._report_stats()
-        logger.info("batch of %d rows in %.1fs; actor %s: %d rows, %d tokens", size,
+        logger.info("batch of %d rows in %.1fs; actor %s: %d rows, %d tokens", len(rows),
                     time.perf_counter() - started, self.actor_id[:8], self._rows,
                     self.loop.stats.generated_tokens)
-        return with_columns(batch, self._output_columns(results))
+        return [self._output_row(result) for result in results]
+
+    async def _results(self, futures: list[asyncio.Future]) -> list[RequestOutput]:
+        """Await the rows, failing the batch (Ray Data retries it) if the engine loop dies or stalls."""
+        waiting = set(futures)
+        while waiting:
+            _, waiting = await asyncio.wait(waiting, timeout=HEALTH_CHECK_S)
+            if waiting and (problem := self.loop.health_problem()) is not None:
+                raise RuntimeError(f"BlockServeActor {self.actor_id}: {problem}")
+        return [future.result() for future in futures]
 
     # -- rows --------------------------------------------------------------------------------------
-    def _prepare_row(self, prompt: Any, overrides: dict[str, Any]) -> tuple[Any, SamplingParams] | str:
+    def _prepare_row(self, row: dict[str, Any]) -> tuple[Any, SamplingParams] | str:
         """(prompt, params) for the engine, or the error message of a row that cannot be a request.
         The engine itself rejects empty, ill-typed or too-long prompts and bad parameter values."""
-        if is_missing(prompt):
-            return f"missing prompt: column {self.prompt_column!r} is absent or null"
-        if self.chat_template and isinstance(prompt, str):
+        messages, prompt = row.get("messages"), row.get("prompt")
+        if not is_missing(messages):
+            prompt = messages
+        elif is_missing(prompt):
+            return (f"missing prompt: neither {self.messages_column!r} nor {self.prompt_column!r} "
+                    "is present and non-null")
+        elif self.chat_template and isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
-        values = {name: _coerce_integral(value) if name != "temperature" else value
-                  for name, value in overrides.items() if not is_missing(value)}
-        return prompt, dataclasses.replace(self.default_params, **values)
+        params = sampling_params_for_row(self.default_params, row.get("sampling_params"))
+        return params if isinstance(params, str) else (prompt, params)
 
-    def _output_columns(self, results: list[RequestOutput | str]) -> dict[str, pa.Array]:
-        columns: dict[str, list] = {field.name: [] for field in OUTPUT_SCHEMA}
-        for result in results:
-            if isinstance(result, str):
-                row = dict(generated_text="", num_generated_tokens=0, finish_reason="error", error=result,
-                           num_blocks=0, queue_s=0.0, latency_s=0.0)
-            else:
-                row = dict(generated_text=result.text, num_generated_tokens=len(result.token_ids),
-                           finish_reason=result.finish_reason, error=result.error,
-                           num_blocks=result.num_blocks, queue_s=result.queue_s, latency_s=result.latency_s)
-            row |= dict(actor_id=self.actor_id, node_id=self.node_id, device=str(self.device))
-            for name, value in row.items():
-                columns[name].append(value)
-        return {field.name: pa.array(columns[field.name], field.type) for field in OUTPUT_SCHEMA}
+    def _output_row(self, result: RequestOutput | str) -> dict[str, Any]:
+        placement = dict(actor_id=self.actor_id, node_id=self.node_id, device=str(self.device))
+        if isinstance(result, str):
+            return dict(generated_text="", generated_tokens=[], num_generated_tokens=0, num_input_tokens=0,
+                        time_taken_llm=0.0, __inference_error__=result, finish_reason="error",
+                        num_blocks=0, queue_s=0.0, **placement)
+        return dict(generated_text=result.text, generated_tokens=list(result.token_ids),
+                    num_generated_tokens=len(result.token_ids),
+                    num_input_tokens=len(result.prompt_token_ids), time_taken_llm=result.latency_s,
+                    __inference_error__=result.error or "", finish_reason=result.finish_reason,
+                    num_blocks=result.num_blocks, queue_s=result.queue_s, **placement)
+
+    def _raise_first_error(self, results: list[RequestOutput | str]) -> None:
+        for index, result in enumerate(results):
+            message = result if isinstance(result, str) else result.error
+            if message:
+                raise RowError(f"row {index} of the batch failed: {message} "
+                               "(should_continue_on_error=False)")
 
     # -- stats -------------------------------------------------------------------------------------
     def _record(self, results: list[RequestOutput | str]) -> None:
@@ -185,14 +233,7 @@ class BlockServeActor:
     def __del__(self) -> None:
         loop = getattr(self, "loop", None)
         if loop is not None:
-            loop.close(wait=False)
-
-
-def _coerce_integral(value: Any) -> Any:
-    """2.0 -> 2 (numeric columns with nulls arrive as floats); anything else is left for the engine."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
+            loop.stop(timeout_s=0)
 
 
 def _placement() -> tuple[str, str, bool]:

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from engine import SamplingParams
 from tests.pipeline_helpers import REPO_ROOT, demo_rows, freeze_tiny_model
 
 ENGINE = {"block_length": 32, "max_batch_size": 8}
@@ -40,12 +41,11 @@ def engine(tiny_model):
 def actor(tiny_model):
     from actors import BlockServeActor
 
-    return BlockServeActor(model=tiny_model, engine=ENGINE, sampling=SAMPLING, torch_threads=1)
+    return BlockServeActor(model=tiny_model, engine=ENGINE, sampling=SAMPLING, chat_template=True,
+                           torch_threads=1)
 
 
 def expected_outputs(engine, prompts: list, caps: list[int]) -> list:
-    from engine import SamplingParams
-
     return engine.generate([chat(p) if isinstance(p, str) else p for p in prompts],
                            [SamplingParams(max_new_tokens=cap) for cap in caps])
 
@@ -90,31 +90,59 @@ def test_concurrent_batches_share_one_engine_and_each_returns_whole_in_input_ord
 def test_bad_rows_get_an_error_and_the_rest_of_the_batch_is_unaffected(actor, engine):
     good = demo_rows(1, start=7)[0]["prompt"]
     batch = {  # Ray's default numpy format, where a column may hold anything
-        "prompt": np.array([good, "", None, 12345, "x" * 3000, good, chat(good)], dtype=object),
-        "max_new_tokens": np.array([32, 32, 32, 32, 32, 0, 32], dtype=object),
+        "prompt": np.array([good, "", None, 12345, "x" * 3000, good, chat(good), good], dtype=object),
+        "sampling_params": np.array([None, None, None, None, None, {"max_tokens": 0}, None,
+                                     {"top_k": 5}], dtype=object),
     }
     output = asyncio.run(actor(batch))
     reasons = output["finish_reason"].to_pylist()
-    errors = output["error"].to_pylist()
-    assert reasons[1:6] == ["error"] * 5
+    errors = output["__inference_error__"].to_pylist()
+    assert reasons[1:6] == ["error"] * 5 and reasons[7] == "error"
     assert "empty" in errors[1]
     assert "missing prompt" in errors[2]
     assert "prompt must be" in errors[3]
     assert "exceeds the model's maximum length" in errors[4]
     assert "max_new_tokens must be positive" in errors[5]
-    assert errors[0] is None and errors[6] is None
+    assert "unsupported key(s) ['top_k']" in errors[7]
+    assert errors[0] == "" and errors[6] == ""
     alone = expected_outputs(engine, [good], [32])[0]
     assert output["generated_text"].to_pylist()[0] == alone.text
     assert output["generated_text"].to_pylist()[6] == alone.text  # chat messages work as they are
 
 
-def test_per_row_columns_override_the_default_sampling(actor):
+def test_per_row_sampling_params_take_vllm_names_and_override_the_defaults(actor):
     prompt = demo_rows(1, start=3)[0]["prompt"]
-    batch = pa.table({"prompt": [prompt, prompt], "max_new_tokens": [32, None],
-                      "temperature": [None, 0.0], "seed": [None, 5]})
+    batch = pa.table({"prompt": [prompt, prompt, prompt],  # Arrow fills a row's missing keys with null
+                      "sampling_params": [{"max_tokens": 64, "ignore_eos": True}, {"seed": 5},
+                                          {"max_new_tokens": 32, "temperature": 0.0}]})
     output = asyncio.run(actor(batch))
-    assert output.column("error").to_pylist() == [None, None]
-    assert max(output.column("num_blocks").to_pylist()) <= 1  # SAMPLING's default cap is one block
+    assert output.column("__inference_error__").to_pylist() == ["", "", ""]
+    assert output.column("num_generated_tokens").to_pylist()[0] == 64  # ignore_eos: runs to the cap
+    assert output.column("num_blocks").to_pylist()[1:] == [1, 1]  # SAMPLING's default cap is one block
+
+
+def test_a_prompt_is_raw_text_and_messages_get_the_chat_template(tiny_model, engine):
+    """As in Ray's processors and engine.generate: chat wrapping is never implicit for ``prompt``."""
+    from actors import BlockServeActor
+
+    raw = BlockServeActor(model=tiny_model, engine=ENGINE, sampling=SAMPLING, torch_threads=1)
+    text = demo_rows(1, start=5)[0]["prompt"]
+    output = asyncio.run(raw({"prompt": np.array([text, None], dtype=object),
+                              "messages": np.array([None, chat(text)], dtype=object)}))
+    alone = engine.generate([text, chat(text)], [SamplingParams(max_new_tokens=32)] * 2)
+    assert output["generated_text"].to_pylist() == [alone[0].text, alone[1].text]
+    assert output["num_input_tokens"].to_pylist() == [len(o.prompt_token_ids) for o in alone]
+    assert alone[0].prompt_token_ids != alone[1].prompt_token_ids
+
+
+def test_with_should_continue_on_error_false_a_bad_row_fails_the_batch(tiny_model):
+    from actors import BlockServeActor
+    from actors.block_serve_actor import RowError
+
+    strict = BlockServeActor(model=tiny_model, engine=ENGINE, sampling=SAMPLING, torch_threads=1,
+                             should_continue_on_error=False)
+    with pytest.raises(RowError, match="row 1 of the batch failed: prompt is empty"):
+        asyncio.run(strict({"prompt": np.array(["count from 1 to 3", ""], dtype=object)}))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,7 +156,7 @@ def users_pipeline(ray_cluster, tiny_model, engine):
     from actors import BlockServeActor
     from actors.stats_registry import start_stats_registry
 
-    rows = [{"key": r["id"], "question": r["prompt"], "max_new_tokens": 32 + 32 * (i % 2)}
+    rows = [{"key": r["id"], "question": r["prompt"], "sampling_params": {"max_tokens": 32 + 32 * (i % 2)}}
             for i, r in enumerate(demo_rows(16, start=40))]
     registry_name = f"stats-{uuid.uuid4().hex[:8]}"
     registry = start_stats_registry(registry_name)
@@ -138,14 +166,14 @@ def users_pipeline(ray_cluster, tiny_model, engine):
         compute=ray.data.ActorPoolStrategy(size=2, max_concurrent_calls_per_actor=2,
                                            max_tasks_in_flight_per_actor=2),
         fn_constructor_kwargs={"model": tiny_model, "engine": ENGINE, "sampling": SAMPLING,
-                               "prompt_column": "question", "torch_threads": 1,
+                               "prompt_column": "question", "chat_template": True, "torch_threads": 1,
                                "stats_actor": registry_name})
     ds.context.execution_options.preserve_order = True
     ds.context.wait_for_min_actors_s = 300
     outputs = ds.take_all()
     snapshots = ray.get(registry.collect.remote())
     ray.kill(registry)
-    expected = expected_outputs(engine, [r["question"] for r in rows], [r["max_new_tokens"] for r in rows])
+    expected = expected_outputs(engine, [r["question"] for r in rows], [r["sampling_params"]["max_tokens"] for r in rows])
     return rows, outputs, snapshots, expected
 
 
@@ -156,8 +184,8 @@ def test_actor_in_a_users_pipeline_equals_engine_generate_on_the_same_prompts(us
     assert [o["num_generated_tokens"] for o in outputs] == [len(e.token_ids) for e in expected]
     assert [o["finish_reason"] for o in outputs] == [e.finish_reason for e in expected]
     assert [o["num_blocks"] for o in outputs] == [e.num_blocks for e in expected]
-    assert all(o["error"] is None and o["latency_s"] >= o["queue_s"] >= 0 for o in outputs)
-    assert set(outputs[0]) >= {"key", "question", "max_new_tokens", "actor_id", "node_id", "device"}
+    assert all(o["__inference_error__"] == "" and o["time_taken_llm"] >= o["queue_s"] >= 0 for o in outputs)
+    assert set(outputs[0]) >= {"key", "question", "sampling_params", "actor_id", "node_id", "device"}
 
 
 def test_one_actor_per_fake_gpu_each_reporting_stats_that_add_up(users_pipeline):

@@ -1,0 +1,123 @@
+"""``build_processor`` for BlockServe: our engine as a stage of Ray's LLM batch processors.
+
+    from ray.data.llm import build_processor
+    from actors.processor import BlockServeProcessorConfig
+
+    processor = build_processor(
+        BlockServeProcessorConfig(model_source="tiny", engine_kwargs={"block_length": 32},
+                                  concurrency=2, batch_size=32, accelerator_type=None),
+        preprocess=lambda row: {"messages": [{"role": "user", "content": row["question"]}],
+                                "sampling_params": {"max_tokens": 128}},
+        postprocess=lambda row: {"answer": row["generated_text"], **row})
+    answers = processor(ds)
+
+Importing this module registers the config with Ray's processor builder (``ProcessorBuilder.register``,
+a DeveloperAPI, so the Ray versions are pinned: :data:`TESTED_RAY_VERSIONS`). The processor is
+Ray's own ``Processor``: its preprocess / postprocess wrapping, ``__inference_error__`` column and
+``should_continue_on_error`` handling are Ray's. Its one stage is a :class:`BlockServeActor` per
+worker. Ray's chat-template and tokenize stages are not used, on purpose: the actor tokenizes with
+the engine's own code (``engine.prompts``), the same call ``engine.generate`` makes, so a processor's
+answers equal the engine's by construction, while Ray's stages render the template to text and
+tokenize that text again (a second BOS for templates that write ``{{ bos_token }}``, and one more copy
+of every prompt through the object store).
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray
+from pydantic import Field
+
+TESTED_RAY_VERSIONS = ("2.60",)  # major.minor of Ray this hook is tested with
+
+
+def check_ray_version(version: str = ray.__version__) -> None:
+    if ".".join(version.split(".")[:2]) not in TESTED_RAY_VERSIONS:
+        raise RuntimeError(
+            f"BlockServeProcessorConfig plugs into ray.llm's processor builder, a DeveloperAPI that "
+            f"changes between Ray releases; it is tested with Ray {', '.join(TESTED_RAY_VERSIONS)}.x, "
+            f"this is Ray {version}. Install a tested Ray (pip install 'ray[data,serve]==2.60.*') or "
+            "use BlockServeActor with ds.map_batches directly.")
+
+
+check_ray_version()
+
+from ray.llm._internal.batch.processor.base import (  # noqa: E402  (after the version check)
+    OfflineProcessorConfig, Processor, ProcessorBuilder)
+from ray.llm._internal.batch.stages.base import StatefulStage, StatefulStageUDF  # noqa: E402
+
+
+class BlockServeProcessorConfig(OfflineProcessorConfig):
+    """Ray's offline processor config plus BlockServe's engine settings.
+
+    Inherited from Ray: ``model_source`` ("tiny", a checkpoint directory or a hub id), ``batch_size``,
+    ``concurrency`` (actors; an int is a fixed pool), ``accelerator_type``, ``runtime_env``,
+    ``max_concurrent_batches``, ``should_continue_on_error``."""
+
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="EngineConfig fields")
+    sampling_params: dict[str, Any] = Field(
+        default_factory=dict, description="default SamplingParams; a row's sampling_params override")
+    chat_template: bool = Field(False, description="wrap a raw `prompt` string as one user message")
+    dtype: str = "float32"
+    device: str | None = Field(None, description="None: CUDA when the actor has a GPU")
+    num_gpus_per_actor: float = Field(0.0, ge=0.0, description="0 on CPU clusters; 1 per engine on GPUs")
+    num_cpus_per_actor: float = Field(1.0, gt=0.0)
+    torch_threads: int | None = None
+    stats_actor: str | None = Field(None, description="a StatsRegistry name to report to")
+    actor_options: dict[str, Any] = Field(
+        default_factory=dict, description="other BlockServeActor arguments (stall_timeout_s, ...)")
+
+
+class BlockServeStageUDF(StatefulStageUDF):
+    """Rows in Ray's processor format through one BlockServeActor (its engine loop)."""
+
+    def __init__(self, data_column: str, expected_input_keys: list[str], **actor_kwargs: Any):
+        super().__init__(data_column, expected_input_keys)
+        from actors.block_serve_actor import BlockServeActor
+
+        self.actor = BlockServeActor(**actor_kwargs)
+
+    async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        from actors.batch_rows import to_python
+
+        outputs = await self.actor.generate_rows([{key: to_python(row.get(key)) for key in
+                                                   ("messages", "prompt", "sampling_params")}
+                                                  for row in batch])
+        for row, output in zip(batch, outputs):
+            yield {**output, self.IDX_IN_BATCH_COLUMN: row[self.IDX_IN_BATCH_COLUMN]}
+
+
+class BlockServeStage(StatefulStage):
+    fn: type[StatefulStageUDF] = BlockServeStageUDF
+
+    def get_optional_input_keys(self) -> dict[str, str]:
+        return {"messages": "a chat (gets the chat template)", "prompt": "raw text or token ids",
+                "sampling_params": "per-row SamplingParams (vLLM or BlockServe names)"}
+
+
+def build_blockserve_processor(config: BlockServeProcessorConfig, preprocess=None, postprocess=None,
+                               preprocess_map_kwargs: dict | None = None,
+                               postprocess_map_kwargs: dict | None = None) -> Processor:
+    stage = BlockServeStage(
+        fn_constructor_kwargs=dict(
+            model=config.model_source, engine=config.engine_kwargs, sampling=config.sampling_params,
+            chat_template=config.chat_template, should_continue_on_error=config.should_continue_on_error,
+            dtype=config.dtype, device=config.device, torch_threads=config.torch_threads,
+            stats_actor=config.stats_actor, **config.actor_options),
+        map_batches_kwargs=dict(
+            zero_copy_batch=True,
+            compute=ray.data.ActorPoolStrategy(
+                **config.get_concurrency(autoscaling_enabled=False),
+                max_tasks_in_flight_per_actor=(config.max_tasks_in_flight_per_actor
+                                               or config.max_concurrent_batches)),
+            max_concurrency=config.max_concurrent_batches, accelerator_type=config.accelerator_type,
+            num_gpus=config.num_gpus_per_actor or None, num_cpus=config.num_cpus_per_actor,
+            runtime_env=config.runtime_env))
+    return Processor(config, [stage], preprocess=preprocess, postprocess=postprocess,
+                     preprocess_map_kwargs=preprocess_map_kwargs,
+                     postprocess_map_kwargs=postprocess_map_kwargs)
+
+
+if BlockServeProcessorConfig.__name__ not in ProcessorBuilder._registry:
+    ProcessorBuilder.register(BlockServeProcessorConfig, build_blockserve_processor)

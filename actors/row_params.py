@@ -1,0 +1,42 @@
+"""Per-row ``sampling_params``, as Ray's LLM processors accept them: vLLM's names or ours.
+
+A Ray user writes ``preprocess=lambda row: {"messages": ..., "sampling_params": {"max_tokens": 64,
+"temperature": 0.0}}``. Arrow turns a column of such dicts into a struct column, filling keys a row
+lacks with null, so nulls mean "not set". A key we cannot honour is the row's error, never ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from actors.batch_rows import is_missing
+from engine import SamplingParams
+
+VLLM_NAMES = {"max_tokens": "max_new_tokens"}  # vLLM name -> ours; ignore_eos is handled below
+OUR_NAMES = tuple(field.name for field in dataclasses.fields(SamplingParams))
+SUPPORTED = tuple(sorted({*VLLM_NAMES, *OUR_NAMES, "ignore_eos"}))
+
+
+def sampling_params_for_row(defaults: SamplingParams, values: Any) -> SamplingParams | str:
+    """``defaults`` with the row's values applied, or an error message naming the bad key."""
+    if is_missing(values):
+        return defaults
+    if not isinstance(values, dict):
+        return f"sampling_params must be a dict, got {type(values).__name__}"
+    given = {key: value for key, value in values.items() if not is_missing(value)}
+    unknown = sorted(set(given) - set(SUPPORTED))
+    if unknown:
+        return f"sampling_params: unsupported key(s) {unknown}; supported: {list(SUPPORTED)}"
+    changes: dict[str, Any] = {}
+    for key, value in given.items():
+        if key == "ignore_eos":
+            changes["stop_at_eos"] = not bool(value)
+        else:
+            changes[VLLM_NAMES.get(key, key)] = _integral(value) if key != "temperature" else value
+    params = dataclasses.replace(defaults, **changes)
+    return params.validation_error() or params
+
+
+def _integral(value: Any) -> Any:
+    """2.0 -> 2 (numeric columns with nulls arrive as floats); anything else is left for the engine."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value

@@ -1,0 +1,85 @@
+"""``build_processor(BlockServeProcessorConfig(...))``, specified: Ray's processor API over our engine."""
+from __future__ import annotations
+
+import pytest
+
+from tests.pipeline_helpers import demo_rows, freeze_tiny_model
+
+ENGINE = {"block_length": 32, "max_batch_size": 8}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return str(freeze_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def test_processor_rows_carry_rays_columns_and_equal_engine_generate(ray_cluster, tiny_model):
+    import ray
+    from ray.data.llm import build_processor
+
+    from actors.processor import BlockServeProcessorConfig
+    from engine import BlockServeEngine, EngineConfig, SamplingParams
+
+    questions = [row["prompt"] for row in demo_rows(6, start=40)]
+    config = BlockServeProcessorConfig(model_source=tiny_model, engine_kwargs=ENGINE, concurrency=1,
+                                       batch_size=4, num_cpus_per_actor=0.5, torch_threads=1,
+                                       should_continue_on_error=True)
+    processor = build_processor(
+        config,
+        preprocess=lambda row: {"messages": chat(row["question"]), "question": row["question"],
+                                "sampling_params": {"max_tokens": 32 if row["id"] % 2 else 64}},
+        postprocess=lambda row: {"id": row["id"], "answer": row["generated_text"], **row},
+        preprocess_map_kwargs={"num_cpus": 0.25}, postprocess_map_kwargs={"num_cpus": 0.25})
+    ds = ray.data.from_items([{"id": i, "question": q} for i, q in enumerate(questions)])
+    rows = sorted(processor(ds).take_all(), key=lambda row: row["id"])
+    assert [row.get("__inference_error__") for row in rows] == [""] * 6
+
+    engine = BlockServeEngine.from_pretrained(tiny_model, EngineConfig(**ENGINE), dtype="float32")
+    expected = engine.generate([chat(q) for q in questions],
+                               [SamplingParams(max_new_tokens=32 if i % 2 else 64) for i in range(6)])
+    assert [r["answer"] for r in rows] == [o.text for o in expected]
+    for row, output in zip(rows, expected):
+        assert list(row["generated_tokens"]) == output.token_ids
+        assert row["num_generated_tokens"] == len(output.token_ids)
+        assert row["num_input_tokens"] == len(output.prompt_token_ids)
+        assert row["__inference_error__"] == ""
+        assert row["time_taken_llm"] >= row["queue_s"] >= 0
+        assert row["finish_reason"] in ("eos", "length") and row["num_blocks"] >= 1
+
+
+def test_bad_rows_follow_should_continue_on_error(ray_cluster, tiny_model):
+    import ray
+    from ray.data.llm import build_processor
+
+    from actors.processor import BlockServeProcessorConfig
+
+    def preprocess(row):
+        if row["id"] == 1:
+            return {"messages": chat("count from 1 to 3"), "sampling_params": {"top_p": 0.9}}
+        return {"messages": chat("count from 1 to 3"), "sampling_params": {"max_tokens": 32}}
+
+    ds = ray.data.from_items([{"id": i} for i in range(3)])
+    common = dict(model_source=tiny_model, engine_kwargs=ENGINE, concurrency=1, batch_size=3,
+                  num_cpus_per_actor=0.5, torch_threads=1)
+    kept = build_processor(BlockServeProcessorConfig(**common, should_continue_on_error=True),
+                           preprocess=preprocess, preprocess_map_kwargs={"num_cpus": 0.25},
+                           postprocess=lambda row: {"text": row["generated_text"]},
+                           postprocess_map_kwargs={"num_cpus": 0.25})(ds).take_all()
+    errors = [row["__inference_error__"] for row in kept]
+    assert sorted(bool(e) for e in errors) == [False, False, True]
+    assert any("top_p" in e for e in errors)
+    with pytest.raises(Exception, match="top_p"):
+        build_processor(BlockServeProcessorConfig(**common), preprocess=preprocess,
+                        preprocess_map_kwargs={"num_cpus": 0.25})(ds).take_all()
+
+
+def test_an_untested_ray_version_is_refused_with_the_reason():
+    from actors.processor import check_ray_version
+
+    check_ray_version("2.60.0")
+    with pytest.raises(RuntimeError, match="tested with Ray 2.60"):
+        check_ray_version("2.61.1")
