@@ -7,6 +7,7 @@ from typing import Any
 
 _LAZY = {
     "BlockServeActor": "actors.block_serve_actor",
+    "BlockServeProcessorConfig": "actors.processor",
     "StatsRegistry": "actors.stats_registry",
 }
 

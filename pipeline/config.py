@@ -64,7 +64,8 @@ class PipelineConfig(_Section):
     limit: int | None = Field(None, ge=1)  # first N input rows only
     prompt_column: str = "prompt"
     id_column: str = "id"  # resume key; generated from the row's content when the input lacks it
-    chat_template: bool = True  # wrap a plain-string prompt as one user chat message
+    chat_template: bool = False  # wrap a raw-text prompt as one user chat message (a chat always gets it)
+    should_continue_on_error: bool = True  # a bad row gets __inference_error__; False: it fails the job
     overwrite: bool = False  # True: delete earlier outputs instead of resuming from them
     engine: EngineConfig = EngineConfig(sort_pending=False)
     sampling: SamplingParams = SamplingParams()

@@ -2,7 +2,8 @@
 [--output DIR] [--set key=value ...]``.
 
     read ─> ids ─> skip rows already in DIR/outputs ─> prompt lengths (CPU) ─> length buckets
-         ─> map_batches(BlockServeActor) on one actor per GPU (or N CPU actors) ─> DIR/outputs/*.parquet
+         ─> build_processor(BlockServeProcessorConfig): one BlockServeActor per GPU (or N CPU actors)
+         ─> DIR/outputs/*.parquet
     driver: actor stats ─> DIR/stats.json, a table on stdout, DIR/stats.png
 
 Resume: outputs are keyed by the id column, and a rerun with the same ``--output`` generates only the
@@ -85,28 +86,34 @@ def bucket_edges(config: PipelineConfig, prepared) -> list[int]:
     return data.quantile_edges(lengths, config.bucketing.num_buckets)
 
 
-def actor_kwargs(config: PipelineConfig, registry_name: str) -> dict:
-    return {"model": config.model, "engine": config.engine.to_dict(),
-            "sampling": dataclasses.asdict(config.sampling), "prompt_column": config.prompt_column,
-            "chat_template": config.chat_template, "dtype": config.dtype,
-            "device": None if config.device == "auto" else config.device,
-            "torch_threads": config.actors.torch_threads, "stats_actor": registry_name,
-            "fail_after_rows": config.fault.fail_after_rows, "fail_mode": config.fault.mode}
+def processor_config(config: PipelineConfig, num_actors: int, registry_name: str):
+    """The job's settings as the one way this project builds its Ray Data stage (README shows it)."""
+    from actors.processor import BlockServeProcessorConfig
+
+    return BlockServeProcessorConfig(
+        model_source=config.model, engine_kwargs=config.engine.to_dict(),
+        sampling_params=dataclasses.asdict(config.sampling), chat_template=config.chat_template,
+        should_continue_on_error=config.should_continue_on_error, dtype=config.dtype,
+        device=None if config.device == "auto" else config.device, concurrency=num_actors,
+        batch_size=config.actors.batch_size, max_concurrent_batches=config.actors.max_concurrent_batches,
+        num_gpus_per_actor=config.actors.num_gpus, num_cpus_per_actor=config.actors.num_cpus,
+        torch_threads=config.actors.torch_threads, stats_actor=registry_name,
+        actor_options={"fail_after_rows": config.fault.fail_after_rows, "fail_mode": config.fault.mode})
 
 
 def generate(ds: ray.data.Dataset, config: PipelineConfig, num_actors: int,
              registry_name: str) -> ray.data.Dataset:
-    """``ds`` through one BlockServeActor per GPU (or ``num_actors`` CPU actors)."""
-    from actors.block_serve_actor import BlockServeActor
+    """``ds`` through one BlockServeActor per GPU (or ``num_actors`` CPU actors); every input column
+    is kept next to the outputs."""
+    from ray.data.llm import build_processor
 
-    ds = ds.map_batches(
-        BlockServeActor, batch_format="pyarrow", batch_size=config.actors.batch_size,
-        # an actor holds only the batches it runs at once; the other blocks wait for a free actor
-        compute=ray.data.ActorPoolStrategy(
-            size=num_actors, max_concurrent_calls_per_actor=config.actors.max_concurrent_batches,
-            max_tasks_in_flight_per_actor=config.actors.max_concurrent_batches),
-        num_cpus=config.actors.num_cpus, num_gpus=config.actors.num_gpus or None,
-        fn_constructor_kwargs=actor_kwargs(config, registry_name))
+    prompt_column = config.prompt_column
+    light = {"num_cpus": 0.25}  # row reshaping: a full CPU each would starve the actors on small nodes
+    processor = build_processor(
+        processor_config(config, num_actors, registry_name),
+        preprocess=lambda row: row if prompt_column == "prompt" else {**row, "prompt": row[prompt_column]},
+        postprocess=lambda row: row, preprocess_map_kwargs=light, postprocess_map_kwargs=light)
+    ds = processor(ds)
     ds.context.execution_options.preserve_order = False  # inherited from ``prepare``; not needed here
     # dispatch only once every engine is loaded: otherwise the first actor up takes the first blocks
     # while the rest still load, and a short job ends up on one actor
@@ -139,8 +146,14 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     else:
         ds = prepared.repartition(target_num_rows_per_block=config.actors.batch_size, strict=True)
     # the sort is a barrier anyway; finishing it first puts every batch in the object store before the
-    # actors start, instead of sort tasks competing with them for CPU and feeding them in bursts
-    ds = ds.materialize()
+    # actors start, instead of sort tasks competing with them for CPU and feeding them in bursts. In
+    # order: a bucket's short last block is then topped up from the next bucket, not from any bucket.
+    options = ray.data.DataContext.get_current().execution_options
+    keep_order, options.preserve_order = options.preserve_order, True
+    try:
+        ds = ds.materialize()
+    finally:
+        options.preserve_order = keep_order
     num_actors = number_of_actors(config, -(-rows_todo // config.actors.batch_size))
     logger.info("%d rows to generate, length buckets at %s tokens, %d actor(s)", rows_todo, edges, num_actors)
 

@@ -18,8 +18,9 @@ from pipeline.config import ConfigError, load_config
 from tests.pipeline_helpers import REPO_ROOT, demo_rows, freeze_tiny_model, read_outputs
 
 TINY_CONFIG = REPO_ROOT / "configs" / "tiny-cpu.yaml"
-OUTPUT_COLUMNS = {"generated_text", "num_generated_tokens", "finish_reason", "error", "num_blocks",
-                  "queue_s", "latency_s", "actor_id", "node_id", "device"}
+OUTPUT_COLUMNS = {"generated_text", "generated_tokens", "num_generated_tokens", "num_input_tokens",
+                  "time_taken_llm", "__inference_error__", "finish_reason", "num_blocks", "queue_s",
+                  "actor_id", "node_id", "device"}
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +146,7 @@ def test_job_writes_every_row_once_with_outputs_and_stats(finished_run):
     rows = read_outputs(output)
     assert sorted(r["id"] for r in rows) == [r["id"] for r in demo_rows(12)]
     assert OUTPUT_COLUMNS | {"id", "prompt", "answer", "num_prompt_tokens", "length_bucket"} <= set(rows[0])
-    assert all(r["error"] is None and r["num_generated_tokens"] > 0 for r in rows)
+    assert all(r["__inference_error__"] == "" and r["num_generated_tokens"] > 0 for r in rows)
     stats = stats_of(output)
     totals = stats["totals"]
     assert (totals["actors"], totals["rows"], totals["restarts"]) == (2, 12, 0)
