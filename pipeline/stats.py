@@ -5,6 +5,10 @@ that Ray restarted contributes one snapshot per incarnation, which are added up 
 per-step means (effective compute ratio, useful row fraction) are combined weighted by denoising steps;
 the padding fraction, a per-forward token ratio, is weighted by forward passes (the engine does not export
 its token totals, so this is an approximation when forward sizes differ a lot between actors).
+
+``per_node`` groups the actors by the Ray node they ran on (rows, tokens, actors, engine busy time), so a
+multi-node run shows how the work spread over the machines; a node's ``tokens_per_s`` is over the job's
+wall time (the node's share of the TOTAL), its ``busy_fraction`` is busy time over ``actors x wall``.
 """
 from __future__ import annotations
 
@@ -63,6 +67,23 @@ def latency_by_output_length(snapshots: list[dict], bin_tokens: int) -> list[dic
             for label, values in latency_samples_by_bin(snapshots, bin_tokens).items()]
 
 
+def per_node(snapshots: list[dict], wall_s: float) -> list[dict]:
+    """One entry per Ray node that ran actors: its actors and their summed numbers, node ids sorted."""
+    by_node: dict[str, list[dict]] = defaultdict(list)
+    for snapshot in snapshots:
+        by_node[snapshot["node_id"]].append(snapshot)
+    nodes = []
+    for node_id, group in sorted(by_node.items()):
+        actor_ids = sorted({s["actor_id"] for s in group})
+        numbers = summarize(group, wall_s=wall_s)
+        actor_time = len(actor_ids) * wall_s
+        numbers["busy_fraction"] = min(numbers["busy_s"] / actor_time, 1.0) if actor_time else None
+        nodes.append({"node_id": node_id, "actors": len(actor_ids), "actor_ids": actor_ids,
+                      "devices": sorted({s["device"] for s in group}),
+                      "restarts": len(group) - len(actor_ids), **numbers})
+    return nodes
+
+
 def aggregate(snapshots: list[dict], wall_s: float, bin_tokens: int) -> dict:
     by_actor: dict[str, list[dict]] = defaultdict(list)
     for snapshot in snapshots:
@@ -73,7 +94,7 @@ def aggregate(snapshots: list[dict], wall_s: float, bin_tokens: int) -> dict:
                           "incarnations": len(group), **summarize(group)})
     totals = {"actors": len(by_actor), "restarts": len(snapshots) - len(by_actor),
               **summarize(snapshots, wall_s=wall_s)}
-    return {"per_actor": per_actor, "totals": totals,
+    return {"per_actor": per_actor, "per_node": per_node(snapshots, wall_s), "totals": totals,
             "latency_by_output_length": latency_by_output_length(snapshots, bin_tokens)}
 
 
@@ -114,6 +135,10 @@ def format_table(stats: dict) -> str:
     out = [render(header), rule, *map(render, lines[:-1]), rule, render(lines[-1])]
     out.append(f"wall {totals['active_s']:.1f}s for generation; tok/s per actor = tokens / its active time, "
                "TOTAL tok/s = tokens / wall")
+    for node in stats.get("per_node", []):
+        out.append(f"  node {node['node_id'][:8]}: {node['actors']} actor(s), {node['rows']} rows, "
+                   f"{node['generated_tokens']} tokens ({node['tokens_per_s']:.1f} tok/s of wall), "
+                   f"busy {node['busy_s']:.1f}s ({_pct(node['busy_fraction'])} of its actors' time)")
     for bin_ in stats["latency_by_output_length"]:
         out.append(f"  latency, {bin_['output_tokens']:>9} output tokens: p50 {bin_['p50_s']:.2f}s  "
                    f"p90 {bin_['p90_s']:.2f}s  max {bin_['max_s']:.2f}s  ({bin_['rows']} rows sampled)")
@@ -121,7 +146,8 @@ def format_table(stats: dict) -> str:
 
 
 def plot_png(stats: dict, latency_bins: dict[str, np.ndarray]) -> bytes:
-    """Per-actor throughput and utilization; latency distribution by output-length bin."""
+    """Per-actor throughput and utilization; rows, tokens and busy time per node; latency distribution by
+    output-length bin."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,7 +155,8 @@ def plot_png(stats: dict, latency_bins: dict[str, np.ndarray]) -> bytes:
 
     actors = stats["per_actor"]
     names = [a["actor_id"][:8] for a in actors]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, grid = plt.subplots(2, 2, figsize=(13, 9))
+    axes = grid.ravel()
     axes[0].bar(names, [a["tokens_per_s"] for a in actors], color="tab:blue")
     axes[0].set_title("throughput per actor")
     axes[0].set_ylabel("generated tokens / s")
@@ -143,12 +170,13 @@ def plot_png(stats: dict, latency_bins: dict[str, np.ndarray]) -> bytes:
     axes[1].set_ylabel("%")
     axes[1].set_title("utilization per actor")
     axes[1].legend(loc="lower right")
+    _plot_nodes(axes[2], stats.get("per_node", []))
     if latency_bins:
-        axes[2].boxplot(list(latency_bins.values()), showfliers=False)
-        axes[2].set_xticks(range(1, len(latency_bins) + 1), list(latency_bins), rotation=30)
-    axes[2].set_xlabel("generated tokens")
-    axes[2].set_ylabel("latency (s)")
-    axes[2].set_title("latency by output length")
+        axes[3].boxplot(list(latency_bins.values()), showfliers=False)
+        axes[3].set_xticks(range(1, len(latency_bins) + 1), list(latency_bins), rotation=30)
+    axes[3].set_xlabel("generated tokens")
+    axes[3].set_ylabel("latency (s)")
+    axes[3].set_title("latency by output length")
     for ax in axes[:2]:
         ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
@@ -156,3 +184,22 @@ def plot_png(stats: dict, latency_bins: dict[str, np.ndarray]) -> bytes:
     fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
     return buffer.getvalue()
+
+
+def _plot_nodes(ax, nodes: list[dict]) -> None:
+    """Each node's share of the rows, the generated tokens and the engines' busy time (in %, so the
+    three fit one axis), labelled with its actor count."""
+    x = np.arange(len(nodes))
+    shares = (("rows", "rows"), ("generated_tokens", "tokens"), ("busy_s", "busy time"))
+    for offset, (key, label) in zip((-0.27, 0, 0.27), shares):
+        total = sum(n[key] for n in nodes)
+        values = [100 * n[key] / total if total else 0 for n in nodes]
+        bars = ax.bar(x + offset, values, 0.27, label=label)
+        ax.bar_label(bars, labels=[f"{n[key]:.0f}" if key != "busy_s" else f"{n[key]:.1f}s" for n in nodes],
+                     fontsize=8, padding=2)
+    ax.set_xticks(x, [f"{n['node_id'][:8]}\n{n['actors']} actor(s)" for n in nodes])
+    ax.set_ylim(0, 110)
+    ax.set_ylabel("% of the job")
+    ax.set_title(f"work per node ({len(nodes)} node(s))")
+    if nodes:
+        ax.legend(loc="upper right")
