@@ -186,7 +186,7 @@ class BlockServeEngine:
             token_ids=token_ids,
             text=self.lm.tokenizer.decode(token_ids, skip_special_tokens=True) if token_ids else "",
             finish_reason=request.status.finish_reason, error=request.error,
-            num_blocks=request.block_index, num_steps=request.num_steps,
+            num_blocks=request.output_blocks, num_steps=request.num_steps,
             arrival_time=request.arrival_time, first_scheduled_time=request.first_scheduled_time,
             finish_time=request.finish_time)
 

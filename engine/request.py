@@ -34,8 +34,8 @@ class RequestOutput:
     text: str
     finish_reason: str  # "eos" | "length" | "abort" | "error"
     error: str | None
-    num_blocks: int  # blocks decoded for this request
-    num_steps: int  # denoising steps this request took part in with masks left
+    num_blocks: int  # blocks of its own output, through the one that committed its stop token
+    num_steps: int  # denoising steps on its own output (not a static batch's steps past its EOS)
     arrival_time: float
     first_scheduled_time: float | None
     finish_time: float
@@ -112,6 +112,13 @@ class Request:
     def is_done(self) -> bool:
         """Its own decoding is over: stopped, at its block cap, or aborted."""
         return self.has_stopped or self.block_index >= self.cap_blocks or self.abort_requested
+
+    @property
+    def output_blocks(self) -> int:
+        """Blocks of its own output: up to its stop block (a static batch may have run it further)."""
+        if self.has_stopped:
+            return self.stop_block + 1
+        return min(self.block_index, self.cap_blocks)
 
     @property
     def is_decoding_own_output(self) -> bool:

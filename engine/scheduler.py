@@ -165,7 +165,7 @@ class Scheduler:
         for request_id, result in output.rows.items():
             request = by_id[request_id]
             request.step_in_block += 1
-            request.num_steps += 1
+            request.num_steps += request.is_decoding_own_output  # a static row past its EOS: waste
             if result.block_complete:
                 request.committed_blocks.append(result.block_tokens)
                 if result.stop_found and request.stop_block is None:
