@@ -7,7 +7,8 @@ from typing import Any
 
 SCHEDULES = ("step", "block", "static", "shrink")
 CACHE_MODES = ("dual", "prefix", "none")
-DECODING_RULES = ("threshold", "quota", "factor", "factor_prefix")
+DECODING_RULES = ("threshold", "quota", "factor", "factor_prefix", "dream")
+DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy")  # Dream's diffusion_generate algs, less "origin"
 SHIFTED_DECODINGS = ("fast-dllm", "lookback")
 
 
@@ -38,9 +39,13 @@ class EngineConfig:
     # an offline batch drains anyway, an online server should set it)
     cache: str = "dual"  # "dual" | "prefix" | "none"
     decoding: str = "threshold"  # "threshold" | "quota" | "factor" (Fast-dLLM's) | "factor_prefix" (the paper's)
+    # | "dream" (Dream's diffusion_generate: its per-step count and dream_alg's score, see engine/decoding.py)
     threshold: float = 0.9
     factor: float = 1.0
-    steps_per_block: int | None = None  # cap on steps per block; the fixed step count in quota mode
+    steps_per_block: int | None = None  # cap on steps per block; the fixed step count in quota/dream mode
+    # (Dream's `steps`: Dream decodes its whole canvas as one block, block_length = max_new_tokens)
+    dream_alg: str = "maskgit_plus"  # decoding="dream": "maskgit_plus" | "topk_margin" | "entropy"
+    dream_eps: float = 1e-3  # decoding="dream": Dream's `eps`, the schedule's last timestep
     # families whose logits are shifted by one (Dream): "fast-dllm" decodes as Fast-dLLM's Dream block
     # decoding (a block's first step commits only its first position; cached windows start at the block);
     # "lookback": windows start one column before the block and every step applies the rule
@@ -80,6 +85,14 @@ class EngineConfig:
             _fail("max_model_len", f"must be a positive int or None, got {self.max_model_len!r}")
         if self.decoding == "quota" and self.steps_per_block is None:
             _fail("steps_per_block", "quota decoding needs a fixed number of steps per block")
+        if self.dream_alg not in DREAM_ALGS:
+            _fail("dream_alg", f"must be one of {DREAM_ALGS}, got {self.dream_alg!r}"
+                  + (" (Dream's random 'origin' transfer is not offered)" if self.dream_alg == "origin" else ""))
+        if isinstance(self.dream_eps, bool) or not isinstance(self.dream_eps, (int, float)) \
+                or not 0.0 < self.dream_eps < 1.0:
+            _fail("dream_eps", f"must be in (0, 1), got {self.dream_eps!r}")
+        if self.decoding == "dream" and self.steps_per_block is None:
+            _fail("steps_per_block", "dream decoding needs Dream's number of steps per block")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:

@@ -15,11 +15,19 @@ Rules (Fast-dLLM / LLaDA):
   does) all m are committed, so the last two masks of a block always go together.
 * ``factor_prefix`` (the paper's statement of the rule): commit the largest prefix n with
   (n + 1)(1 - c_n) < f, and at least one.
+* ``dream`` (Dream's ``diffusion_generate`` with ``alg`` maskgit_plus / topk_margin / entropy): S steps
+  per block; with t_k > s_k consecutive points of ``linspace(1, eps, S + 1)``, step k commits
+  ``int(m * (1 - s_k / t_k))`` of the m positions still masked (float32, truncated, so a step may commit
+  nothing), highest score first, and the last step commits the rest. The score is Dream's measure:
+  the candidate's probability (maskgit_plus), top-1 minus top-2 probability (topk_margin) or the negative
+  entropy ``sum p log(p + 1e-10)`` (entropy), all over the full softmax, MASK included. Dream runs this
+  over its whole canvas at once: one block of ``max_new_tokens``.
 A family with shifted logits decoded as Fast-dLLM does (``first_step_first_position``) commits only the
-block's first position at a block's first step, whatever the rule.
-Every rule ends: MASK is never a candidate token, each step commits at least one position, and the
-last allowed step (``steps_per_block``, or ``block_length`` at most) commits whatever is still masked,
-each with its best non-MASK token.
+block's first position at a block's first step, whatever Fast-dLLM rule (Dream's own sampler has no such
+step, so ``dream`` needs the "lookback" windows there).
+Every rule ends: MASK is never a candidate token, each step commits at least one position (``dream``
+excepted, as Dream's schedule does), and the last allowed step (``steps_per_block``, or
+``block_length`` at most) commits whatever is still masked, each with its best non-MASK token.
 """
 from __future__ import annotations
 
@@ -29,21 +37,52 @@ import torch
 
 _HASH_MULTIPLIER = 0x45D9F3B
 _UINT32 = 0xFFFFFFFF
+# Dream's alg -> the score its positions are ranked by (see propose_tokens)
+DREAM_MEASURES = {"maskgit_plus": "probability", "topk_margin": "margin", "entropy": "neg_entropy"}
+_ENTROPY_EPSILON = 1e-10  # Dream's: log(p + eps) keeps p = 0 finite
 
 
 @dataclass(frozen=True)
 class DecodeRule:
-    kind: str  # "threshold" | "quota" | "factor" | "factor_prefix"
+    kind: str  # "threshold" | "quota" | "factor" | "factor_prefix" | "dream"
     threshold: float = 0.9
     factor: float = 1.0
     steps_per_block: int | None = None
     first_step_first_position: bool = False
+    dream_alg: str = "maskgit_plus"  # kind "dream": one of DREAM_MEASURES
+    dream_eps: float = 1e-3  # kind "dream": the schedule's last timestep
+
+    def __post_init__(self) -> None:
+        if self.kind == "dream":
+            if self.dream_alg not in DREAM_MEASURES:
+                raise ValueError(f"dream_alg must be one of {tuple(DREAM_MEASURES)}, got {self.dream_alg!r}"
+                                 " (Dream's 'origin', random transfer, is not offered)")
+            if self.steps_per_block is None:
+                raise ValueError("decoding 'dream' needs steps_per_block (Dream's steps)")
+
+    @property
+    def measure(self) -> str:
+        """The per-position score the rule ranks by (the argument ``propose_tokens`` needs)."""
+        return DREAM_MEASURES[self.dream_alg] if self.kind == "dream" else "probability"
+
+
+def commits_first_position_first(kind: str, logit_shift: int, shifted_decoding: str) -> bool:
+    """Whether a block's first step commits only its first position (Fast-dLLM's Dream block decoding)."""
+    if logit_shift == 0 or shifted_decoding == "lookback":
+        return False
+    if kind == "dream":
+        raise ValueError("decoding 'dream' on a family with shifted logits needs shifted_decoding='lookback': "
+                         "Dream's sampler applies its rule at every step, and Fast-dLLM's windows cannot "
+                         "predict a block's first position")
+    return True
 
 
 def decode_rule(config, logit_shift: int) -> DecodeRule:
     """The rule an engine config asks for, on a family with this logit shift."""
+    first_only = commits_first_position_first(config.decoding, logit_shift, config.shifted_decoding)
     return DecodeRule(config.decoding, config.threshold, config.factor, config.steps_per_block,
-                      first_step_first_position=logit_shift > 0 and config.shifted_decoding == "fast-dllm")
+                      first_step_first_position=first_only, dream_alg=config.dream_alg,
+                      dream_eps=config.dream_eps)
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
@@ -78,22 +117,39 @@ class Sampling:
     noise: torch.Tensor  # [k, block, vocab] from :func:`gumbel_noise`
 
 
-def propose_tokens(logits: torch.Tensor, mask_id: int, sampling: Sampling | None = None):
-    """Candidate token ``x0`` and its confidence (softmax probability, noise-free) per position.
+def propose_tokens(logits: torch.Tensor, mask_id: int, sampling: Sampling | None = None,
+                   measure: str = "probability"):
+    """Candidate token ``x0`` and its confidence per position.
 
-    logits [rows, block, vocab], overwritten in place (MASK's column). MASK is never a candidate; the
-    confidence of a candidate is its probability under the full softmax, MASK included.
+    logits [rows, block, vocab], overwritten in place (MASK's column). MASK is never a candidate.
+    Confidence (``measure``), always noise-free and over the full softmax, MASK included:
+    "probability" of the candidate; "margin": top-1 minus top-2 probability; "neg_entropy":
+    ``sum p log(p + 1e-10)`` (0 for a certain position, lower the flatter the distribution).
     """
     compute_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     logits = logits.to(compute_dtype)
+    scores = None if measure == "probability" else distribution_scores(logits, measure)
     log_normalizer = torch.logsumexp(logits, dim=-1)
     logits[..., mask_id] = float("-inf")
     candidates = logits.argmax(dim=-1)
     if sampling is not None:
         scaled = logits[sampling.rows] / sampling.temperatures.to(compute_dtype)[:, None, None] + sampling.noise
         candidates[sampling.rows] = scaled.argmax(dim=-1)
+    if scores is not None:
+        return candidates, scores
     chosen = logits.gather(-1, candidates[..., None]).squeeze(-1)
     return candidates, torch.exp(chosen - log_normalizer)
+
+
+def distribution_scores(logits: torch.Tensor, measure: str) -> torch.Tensor:
+    """Dream's two distribution-shape scores ``[rows, block]`` of logits ``[rows, block, vocab]``."""
+    probabilities = torch.softmax(logits, dim=-1)
+    if measure == "margin":
+        top_two = probabilities.topk(2, dim=-1).values
+        return top_two[..., 0] - top_two[..., 1]
+    if measure == "neg_entropy":
+        return (probabilities * torch.log(probabilities + _ENTROPY_EPSILON)).sum(dim=-1)
+    raise ValueError(f"unknown confidence measure {measure!r}; known: probability, margin, neg_entropy")
 
 
 def quota_for_step(num_masked_at_start: torch.Tensor, step: torch.Tensor, steps: int) -> torch.Tensor:
@@ -102,9 +158,24 @@ def quota_for_step(num_masked_at_start: torch.Tensor, step: torch.Tensor, steps:
     return base + (step < remainder).long()
 
 
+def dream_transfer_count(num_masked: torch.Tensor, step: torch.Tensor, steps: int, eps: float) -> torch.Tensor:
+    """[rows] positions Dream's schedule commits at ``step`` (0-based) of ``steps``, m masks left.
+
+    With t = ts[step], s = ts[step + 1] of ``ts = linspace(1, eps, steps + 1)`` (float32, as Dream):
+    ``int(m * (1 - s / t))``, truncated, so early steps of a long schedule may commit nothing; the last
+    step commits all m.
+    """
+    timesteps = torch.linspace(1, eps, steps + 1, device=num_masked.device, dtype=torch.float32)
+    index = step.clamp(max=steps - 1)
+    ratio = 1 - timesteps[index + 1] / timesteps[index]
+    count = (num_masked.to(torch.float32) * ratio).long()
+    return torch.where(step + 1 >= steps, num_masked, count)
+
+
 def _rank_by_confidence(confidence: torch.Tensor, masked: torch.Tensor):
     """Ranks (0 = most confident) of masked positions; ties go to the leftmost position."""
-    scores = torch.where(masked, confidence, torch.full_like(confidence, -1.0))
+    # -inf, not -1: Dream's negative entropy is below -1 for any flat distribution
+    scores = torch.where(masked, confidence, torch.full_like(confidence, float("-inf")))
     order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
     ranks = torch.empty_like(order)
     ranks.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
@@ -133,6 +204,9 @@ def select_commits(rule: DecodeRule, confidence: torch.Tensor, masked: torch.Ten
         passes[:, 0] = True
         prefix = passes.long().cumprod(dim=-1).sum(dim=-1)
         commit = masked & (ranks < prefix[:, None])
+    elif rule.kind == "dream":
+        count = dream_transfer_count(masked.sum(-1), step, rule.steps_per_block, rule.dream_eps)
+        commit = masked & (ranks < count[:, None])
     else:
         raise ValueError(f"unknown decoding rule {rule.kind!r}")
     if rule.first_step_first_position:

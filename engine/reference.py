@@ -16,6 +16,11 @@ For a family with a logit shift (Dream) the hidden state at column c predicts co
 cached windows start at the block, their position j - 1 predicting block position j;
 ``shifted_decoding="lookback"`` instead starts windows one column before the block and applies the
 rule at every step.
+
+Dream's own sampler (``diffusion_generate``, alg maskgit_plus / topk_margin / entropy, greedy) is
+``rule=DecodeRule("dream", steps_per_block=steps, dream_alg=alg)`` with ``block_length = max_new_tokens``
+(its schedule spans the whole canvas), ``cache="none"`` (it runs a full forward every step) and
+``shifted_decoding="lookback"``.
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import blocks_needed
-from engine.decoding import DecodeRule, Sampling, gumbel_noise, propose_tokens, select_commits
+from engine.decoding import (DecodeRule, Sampling, commits_first_position_first, gumbel_noise, propose_tokens,
+                             select_commits)
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
 
@@ -64,7 +70,8 @@ def reference_generate(
     # a shifted family (Dream): Fast-dLLM's windows start at the block and a block's first step commits
     # only its first position; "lookback" windows start one column earlier and apply the rule throughout
     lookback = shift if shifted_decoding == "lookback" else 0
-    rule = dataclasses.replace(rule, first_step_first_position=shift > 0 and shifted_decoding == "fast-dllm")
+    rule = dataclasses.replace(
+        rule, first_step_first_position=commits_first_position_first(rule.kind, shift, shifted_decoding))
     canvas = torch.full((1, width), mask_id, dtype=torch.long, device=device)
     canvas[0, :prompt_length] = torch.tensor(prompt_ids, device=device)
     positions = torch.arange(width, device=device)[None]
@@ -100,7 +107,7 @@ def reference_generate(
                 sampling = Sampling(rows=torch.tensor([0], device=device),
                                     temperatures=torch.tensor([float(temperature)], device=device),
                                     noise=gumbel_noise(seeds, global_step, canvas_positions, logits.shape[-1]))
-            candidates, confidence = propose_tokens(logits, mask_id, sampling)
+            candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=rule.measure)
             masked = canvas[:, start:end] == mask_id
             commit = select_commits(rule, confidence, masked, torch.tensor([step], device=device),
                                     torch.tensor([block_length], device=device))

@@ -1,7 +1,9 @@
 """The decoding rules on hand-made confidences: what each step commits."""
+import pytest
 import torch
 
-from engine.decoding import DecodeRule, Sampling, gumbel_noise, propose_tokens, quota_for_step, select_commits
+from engine.decoding import (DecodeRule, Sampling, dream_transfer_count, gumbel_noise, propose_tokens, quota_for_step,
+                             select_commits)
 
 
 def commits(rule, confidence, masked=None, step=0, masks_at_start=None):
@@ -133,3 +135,103 @@ def test_sampling_with_temperature_follows_the_noise():
     sampling = Sampling(rows=torch.tensor([0]), temperatures=torch.tensor([1.0]), noise=noise)
     candidates, _ = propose_tokens(logits, mask_id=5, sampling=sampling)
     assert torch.equal(candidates, noise[..., :5].argmax(-1))
+
+
+# Dream's diffusion_generate (alg maskgit_plus / topk_margin / entropy, greedy): its scores and its schedule.
+# Three positions, each the best by one measure (MASK, the last column, has probability 0):
+#   A [.50, .45, .05]          probability .50 (best), margin .05, entropy .86
+#   B [.45, .1375 x 4]         probability .45, margin .3125 (best), entropy 1.45
+#   C [.48, .48, .04]          probability .48, margin 0, entropy .83 (best)
+DREAM_PROBABILITIES = torch.tensor([[[0.50, 0.45, 0.05, 0.0, 0.0, 0.0],
+                                     [0.45, 0.1375, 0.1375, 0.1375, 0.1375, 0.0],
+                                     [0.48, 0.48, 0.04, 0.0, 0.0, 0.0]]], dtype=torch.float64)
+DREAM_MASK_ID = 5
+
+
+def dream_logits():
+    return DREAM_PROBABILITIES.log()
+
+
+def test_dream_scores_are_probability_margin_and_negative_entropy():
+    p = DREAM_PROBABILITIES[0]
+    entropy = -(p * torch.log(p + 1e-10)).sum(-1)
+    expected = {"probability": torch.tensor([0.50, 0.45, 0.48]), "margin": torch.tensor([0.05, 0.3125, 0.0]),
+                "neg_entropy": -entropy}
+    for measure, scores in expected.items():
+        candidates, confidence = propose_tokens(dream_logits(), DREAM_MASK_ID, measure=measure)
+        assert candidates.tolist() == [[0, 0, 0]]
+        assert torch.allclose(confidence[0], scores.to(torch.float64)), measure
+
+
+def test_dream_algs_commit_the_position_their_own_measure_ranks_first():
+    # 3 masks, 2 steps: step 0 commits int(3 * (1 - 0.5005 / 1)) = 1 position
+    chosen = {}
+    for alg in ("maskgit_plus", "topk_margin", "entropy"):
+        rule = DecodeRule("dream", steps_per_block=2, dream_alg=alg)
+        _, confidence = propose_tokens(dream_logits(), DREAM_MASK_ID, measure=rule.measure)
+        masked = torch.ones(1, 3, dtype=torch.bool)
+        commit = select_commits(rule, confidence, masked, torch.tensor([0]), torch.tensor([3]))
+        chosen[alg] = commit[0].tolist()
+    assert chosen == {"maskgit_plus": [True, False, False], "topk_margin": [False, True, False],
+                      "entropy": [False, False, True]}
+
+
+def test_dream_schedule_commits_int_of_masks_times_one_minus_s_over_t():
+    def count(masked, step, steps):
+        return int(dream_transfer_count(torch.tensor([masked]), torch.tensor([step]), steps, 1e-3)[0])
+    # linspace(1, 1e-3, 5) = 1, .75025, .5005, .25075, .001: 64 * .24975 = 15.98, truncated to 15
+    assert count(64, 0, 4) == 15
+    assert count(49, 1, 4) == int(49 * (1 - 0.5005 / 0.75025))
+    assert count(7, 3, 4) == 7  # the last step commits everything left
+    # as many steps as masks: the first step's 8 * 0.999 / 8 truncates to 0, Dream commits nothing
+    assert count(8, 0, 8) == 0
+
+
+def test_dream_rule_may_commit_nothing_at_a_step_and_everything_at_the_last():
+    rule = DecodeRule("dream", steps_per_block=8)
+    assert commits(rule, [0.9, 0.5, 0.7] + [0.1] * 5, step=0) == [False] * 8
+    assert commits(rule, [0.9, 0.5, 0.7], step=7) == [True, True, True]
+
+
+def test_committed_positions_never_outrank_masks_with_negative_scores():
+    rule = DecodeRule("dream", steps_per_block=2, dream_alg="entropy")  # 3 masks: 1 commits at step 0
+    assert commits(rule, [-0.1, -4.0, -2.5, -3.0], masked=[False, True, True, True]) == [False, False, True, False]
+
+
+def test_dream_decoding_rejects_origin_missing_steps_and_fast_dllm_windows():
+    from engine import EngineConfig
+    from engine.decoding import decode_rule
+
+    with pytest.raises(ValueError, match="maskgit_plus.*topk_margin.*entropy.*origin"):
+        EngineConfig(decoding="dream", steps_per_block=8, dream_alg="origin")
+    with pytest.raises(ValueError, match="origin"):
+        DecodeRule("dream", steps_per_block=8, dream_alg="origin")
+    with pytest.raises(ValueError, match="steps_per_block"):
+        EngineConfig(decoding="dream")
+    with pytest.raises(ValueError, match="dream_eps"):
+        EngineConfig(decoding="dream", steps_per_block=8, dream_eps=0.0)
+    shifted = EngineConfig(decoding="dream", steps_per_block=8)  # shifted_decoding="fast-dllm"
+    with pytest.raises(ValueError, match="lookback"):
+        decode_rule(shifted, logit_shift=1)
+    assert not decode_rule(shifted, logit_shift=0).first_step_first_position  # LLaDA: no shift, no issue
+
+
+# Dream's own diffusion_generate on this fixture (float32, greedy, 8 prompts, 64 tokens, 8-64 steps)
+# gave the reference's tokens for all three algs (see the issue 12 report).
+@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
+def test_batched_dream_decoding_equals_the_reference(alg):
+    from engine import BlockServeEngine, EngineConfig, SamplingParams
+    from engine.models import load_model
+    from engine.reference import reference_generate
+    from tests.test_models import DREAM_DIR
+
+    lm = load_model(DREAM_DIR, dtype="float64")
+    prompts = [[5 + (i * 7 + j) % 90 for j in range(3 + 2 * i)] for i in range(4)]
+    config = EngineConfig(decoding="dream", dream_alg=alg, steps_per_block=8, block_length=32, cache="none",
+                          shifted_decoding="lookback", max_batch_size=4)
+    outputs = BlockServeEngine(lm, config).generate(prompts, SamplingParams(max_new_tokens=32, stop_at_eos=False))
+    rule = DecodeRule("dream", steps_per_block=8, dream_alg=alg)
+    for output, prompt in zip(outputs, prompts):
+        expected = reference_generate(lm, prompt, max_new_tokens=32, block_length=32, rule=rule, cache="none",
+                                      stop_at_eos=False, shifted_decoding="lookback")
+        assert output.token_ids == expected.token_ids
