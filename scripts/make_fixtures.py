@@ -114,7 +114,7 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def make_llada(directory: Path, generator: torch.Generator) -> None:
-    tokenizer = llada_tokenizer.build_tokenizer()
+    tokenizer = llada_tokenizer.build_character_tokenizer()
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
         ("eos", llada_tokenizer.EOS), ("bos", llada_tokenizer.BOS), ("mask", llada_tokenizer.MASK))}
     config = llada_transformer_config(len(tokenizer))

@@ -22,18 +22,26 @@ BLOCK = 32
 HELDOUT = Path(__file__).resolve().parents[1] / "assets" / "data" / "heldout.jsonl"
 
 
-def blocks_spanned(num_chars: int) -> int:
-    """Blocks a decode of this many characters occupies (its EOS sits in the last one)."""
-    return num_chars // BLOCK + 1
+def blocks_spanned(num_tokens: int) -> int:
+    """Blocks an answer of this many tokens occupies with its EOS (which sits in the last one)."""
+    return num_tokens // BLOCK + 1
+
+
+def selection_score(report: dict) -> float:
+    """What picks the shipped checkpoint: exact match first, the right stop block as tie-breaker."""
+    return report["exact_match"] + 0.5 * report["right_block"]
 
 
 def evaluate(model: str = "tiny", limit: int | None = None, rows: list[dict] | None = None) -> dict:
-    lm = load_model(model, dtype="float32")
     rows = rows if rows is not None else read_jsonl(HELDOUT)
-    rows = rows[:limit] if limit else rows
+    report = evaluate_model(load_model(model, dtype="float32"), rows[:limit] if limit else rows)
+    return {"model": str(model), **report}
+
+
+def evaluate_model(lm, rows: list[dict]) -> dict:
     per_task: dict[str, Counter] = defaultdict(Counter)
     histogram: Counter = Counter()
-    samples, steps, blocks, started = [], 0, 0, time.time()
+    samples, steps, blocks, started, expected_blocks = [], 0, 0, time.time(), []
     for row in rows:
         ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}],
                                                add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -44,8 +52,9 @@ def evaluate(model: str = "tiny", limit: int | None = None, rows: list[dict] | N
         counts = per_task[row["task"]]
         counts["total"] += 1
         counts["exact"] += text == row["answer"]
-        counts["right_block"] += (result.finish_reason == "eos"
-                                  and result.num_blocks == blocks_spanned(len(row["answer"])))
+        expected_tokens = len(lm.tokenizer(row["answer"], add_special_tokens=False)["input_ids"])
+        expected_blocks.append(blocks_spanned(expected_tokens))
+        counts["right_block"] += (result.finish_reason == "eos" and result.num_blocks == expected_blocks[-1])
         histogram[result.num_blocks if result.finish_reason == "eos" else "no EOS"] += 1
         steps += result.num_steps
         blocks += result.num_blocks
@@ -54,14 +63,13 @@ def evaluate(model: str = "tiny", limit: int | None = None, rows: list[dict] | N
                             "seconds": round(seconds, 3), "blocks": result.num_blocks})
     total = sum(c["total"] for c in per_task.values())
     return {
-        "model": model, "prompts": total, "seconds": round(time.time() - started, 1),
+        "prompts": total, "seconds": round(time.time() - started, 1),
         "exact_match": sum(c["exact"] for c in per_task.values()) / total,
         "right_block": sum(c["right_block"] for c in per_task.values()) / total,
         "per_task": {task: {"exact_match": c["exact"] / c["total"], "right_block": c["right_block"] / c["total"],
                             "prompts": c["total"]} for task, c in sorted(per_task.items())},
         "decoded_blocks_histogram": {str(k): v for k, v in sorted(histogram.items(), key=str)},
-        "expected_blocks_histogram": dict(sorted(Counter(
-            str(blocks_spanned(len(r["answer"]))) for r in rows).items())),
+        "expected_blocks_histogram": {str(k): v for k, v in sorted(Counter(expected_blocks).items())},
         "steps_per_block": steps / max(1, blocks),
         "samples": samples,
     }

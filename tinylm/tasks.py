@@ -1,10 +1,10 @@
 """Tasks a person can check at a glance, with the answer length readable from the prompt.
 
 ``count from 17 to 52`` -> ``17 18 19 ... 52`` and ``count down from 52 to 17`` -> ``52 51 ... 17``.
-Each number in the answer is fixed by its neighbour, so the text locates itself, and the stop point is
-a local fact (the last number is in the prompt). Answer lengths are drawn uniformly from 1 to
-``MAX_ANSWER_CHARS`` characters (1 to 6 blocks of 32 tokens); the wording around the instruction varies
-so prompt lengths spread too.
+Every number is one token (``tinylm/tokenizer.py``), so each answer token is fixed by its neighbour and
+the stop is a local fact: EOS follows the token that equals the prompt's last number. Answer lengths
+are drawn uniformly from 1 to ``MAX_ANSWER_TOKENS`` numbers, so with the EOS the answers span 1 to 8
+blocks of 32 tokens evenly; the wording around the instruction varies so prompt lengths spread too.
 """
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tinylm.tokenizer import MAX_NUMBER
+
 TASKS = ("count_up", "count_down")
-MAX_ANSWER_CHARS = 192
-MAX_NUMBER = 999
+MAX_ANSWER_TOKENS = 255  # + EOS = 256 tokens = 8 blocks, the engine's default max_new_tokens
 PREFIXES = ("", "", "please ", "hey, ", "could you ", "now ", "I need you to ", "quick one: ",
             "for a test of the server, please ", "my little sister wants to see if you can ",
             "without any extra words, ", "just for fun, ")
@@ -37,18 +38,30 @@ def count_answer(start: int, stop: int) -> str:
     return " ".join(str(n) for n in range(start, stop + step, step))
 
 
+def vocabulary_words() -> tuple[str, ...]:
+    """Every word and punctuation mark the prompts use, in a stable order (one token each)."""
+    text = " ".join(PREFIXES + SUFFIXES + ("count from to down", "user assistant system"))
+    words: dict[str, None] = {}
+    for word in text.replace(",", " , ").replace(".", " . ").replace("!", " ! ").replace(
+            ":", " : ").replace("(", " ( ").replace(")", " ) ").split():
+        words.setdefault(word, None)
+    return tuple(words)
+
+
+def answer_length(example: Example) -> int:
+    """Answer tokens, EOS excluded (one per number)."""
+    return abs(example.stop - example.start) + 1
+
+
 def make_example(rng: random.Random, task: str | None = None) -> Example:
     task = task or rng.choice(TASKS)
-    target = rng.randint(1, MAX_ANSWER_CHARS)
-    while True:
-        start = rng.randint(0, MAX_NUMBER)
-        step = 1 if task == "count_up" else -1
-        stop, length = start, len(str(start))
-        while 0 <= stop + step <= MAX_NUMBER and length + 1 + len(str(stop + step)) <= target:
-            stop += step
-            length += 1 + len(str(stop))
-        if length >= target - 4:  # the start was not too close to the range's end
-            break
+    length = rng.randint(1, MAX_ANSWER_TOKENS)
+    if task == "count_up":
+        start = rng.randint(0, MAX_NUMBER - length + 1)
+        stop = start + length - 1
+    else:
+        start = rng.randint(length - 1, MAX_NUMBER)
+        stop = start - length + 1
     core = f"count from {start} to {stop}" if task == "count_up" else f"count down from {start} to {stop}"
     prompt = rng.choice(PREFIXES) + core + rng.choice(SUFFIXES)
     return Example(task, prompt, count_answer(start, stop), start, stop)

@@ -1,4 +1,13 @@
-"""A character-level tokenizer saved in Hugging Face format, with LLaDA's special-token names."""
+"""The tiny model's tokenizers, saved in Hugging Face format with LLaDA's special-token names.
+
+``build_tokenizer`` (the shipped tiny model): word-level. Every number from 0 to ``MAX_NUMBER`` and
+every word of the task prompts is one token, so ``count from 17 to 52`` is 5 tokens and its answer is
+36 tokens, one per number: the successor of a number is one lookup, and the stop is the token that
+equals the prompt's last number. Anything else still tokenizes: a word outside the vocabulary falls
+back to characters (WordPiece with ``##`` continuation pieces), so arbitrary text never becomes UNK.
+
+``build_character_tokenizer``: one token per character; the random test fixtures keep it.
+"""
 from __future__ import annotations
 
 import string
@@ -14,20 +23,45 @@ CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}"
     "<|end_header_id|>{{ message['content'] }}<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{% endif %}")
+MAX_NUMBER = 399
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    characters = [c for c in string.printable if c not in "\x0b\x0c\r"]
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + tuple(characters))}
-    core = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
-    core.decoder = decoders.Fuse()
+def _wrap(core: Tokenizer) -> PreTrainedTokenizerFast:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=EOS, unk_token=UNK,
         mask_token=MASK, additional_special_tokens=[EOT, HEADER_START, HEADER_END],
         padding_side="left")
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def build_tokenizer(words: tuple[str, ...] | None = None) -> PreTrainedTokenizerFast:
+    """Word-level: specials, numbers 0..MAX_NUMBER, the task words, then characters as fallback."""
+    if words is None:
+        from tinylm.tasks import vocabulary_words
+        words = vocabulary_words()
+    printable = tuple(c for c in string.printable if c not in string.whitespace)
+    entries = (SPECIAL_TOKENS + tuple(str(n) for n in range(MAX_NUMBER + 1)) + tuple(words)
+               + printable + tuple("##" + c for c in printable))
+    vocab: dict[str, int] = {}
+    for token in entries:
+        vocab.setdefault(token, len(vocab))
+    core = Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100))
+    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    core.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    return _wrap(core)
+
+
+def build_character_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + CHARACTERS_LEGACY)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return _wrap(core)
+
+
+# The character order the fixtures were built with (string.printable minus \x0b \x0c \r).
+CHARACTERS_LEGACY = tuple(c for c in string.printable if c not in "\x0b\x0c\r")
 
 
 def save_tokenizer(directory: Path) -> PreTrainedTokenizerFast:
