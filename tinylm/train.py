@@ -175,7 +175,7 @@ def validate(model, tokenizer, out: Path, work: Path, ids: dict, validation: lis
           f"({report['seconds']:.0f} s)", flush=True)
     if score > best.get("score", -1.0):
         best = {"score": score, "step": step, "exact_match": report["exact_match"],
-                "right_block": report["right_block"]}
+                "right_block": report["right_block"], "near_block": report["near_block"]}
         staging = out.with_name(out.name + ".staging")
         shutil.rmtree(staging, ignore_errors=True)
         shutil.copytree(candidate, staging)
