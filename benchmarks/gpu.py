@@ -52,12 +52,12 @@ SHAPES = {  # (config, mask id, eos id, logit shift): the published configs' sha
                  151666, 151643, 1),
 }
 SMOKE_SHAPES = {
-    "llada-tiny": (TransformerConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
+    "llada-tiny": (TransformerConfig(vocab_size=1024, hidden_size=64, num_layers=2, num_heads=4,
                                      num_kv_heads=4, intermediate_size=128, max_position_embeddings=1024),
-                   250, 251, 0),
-    "dream-tiny": (TransformerConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
+                   1000, 1001, 0),
+    "dream-tiny": (TransformerConfig(vocab_size=1024, hidden_size=64, num_layers=2, num_heads=4,
                                      num_kv_heads=2, intermediate_size=96, qkv_bias=True,
-                                     max_position_embeddings=1024), 250, 251, 1),
+                                     max_position_embeddings=1024), 1000, 1001, 1),
 }
 DECODINGS = {"threshold-0.9": {"decoding": "threshold", "threshold": 0.9},
              "quota-8-steps": {"decoding": "quota", "steps_per_block": 8}}

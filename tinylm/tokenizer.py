@@ -46,7 +46,8 @@ def build_tokenizer(words: tuple[str, ...] | None = None) -> PreTrainedTokenizer
     vocab: dict[str, int] = {}
     for token in entries:
         vocab.setdefault(token, len(vocab))
-    core = Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100))
+    # a long unknown word still falls back to characters, never to UNK
+    core = Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=1_000_000))
     core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     core.decoder = decoders.WordPiece(prefix="##", cleanup=True)
     return _wrap(core)
