@@ -121,5 +121,5 @@ def reference_generate(
                 break
     generated = canvas[0, prompt_length:prompt_length + blocks_run * block_length].tolist()
     token_ids, _ = trim_at_stop(generated, lm.tokens.stop_ids)
-    return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped else "length",
+    return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped and stop_at_eos else "length",
                            num_blocks=blocks_run, num_steps=total_steps)

@@ -193,6 +193,6 @@ class Scheduler:
     def _final_status(request: Request) -> RequestStatus:
         if request.abort_requested:
             return RequestStatus.FINISHED_ABORT
-        if request.stop_block is not None and request.stop_block < request.cap_blocks:
+        if request.has_stopped and request.stop_block < request.cap_blocks:  # ignore_eos: "length"
             return RequestStatus.FINISHED_EOS
         return RequestStatus.FINISHED_LENGTH

@@ -132,7 +132,7 @@ def test_one_actor_per_gpu_on_both_nodes_and_rows_bucketed_by_length(multinode_r
 
     # every row written once
     assert sorted(r["id"] for r in rows) == sorted(measured)
-    assert all(r["finish_reason"] != "error" and r["num_generated_tokens"] > 0 for r in rows)
+    assert all(r["finish_reason"] in ("eos", "length") for r in rows)  # an answer may be empty (EOS first)
     assert f"{ROWS} rows ({ROWS} unique ids)" in printed
 
     # one actor per GPU: actors.num_actors=null made the job count the cluster's GPUs; each actor holds

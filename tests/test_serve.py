@@ -339,7 +339,7 @@ def test_a_server_reachable_beyond_loopback_refuses_to_start_without_a_key(monke
     ("/v1/chat/completions", {"model": MODEL}, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user"}]}, "messages.0.content"),
     ("/v1/chat/completions", {"model": MODEL, "messages": chat("x" * 600)}, "messages"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": chat("count from 1 to 200 " * 3),
+    ("/v1/chat/completions", {"model": MODEL, "messages": chat("count from 1 to 200 " * 12),
                               "max_tokens": 480}, "max_tokens"),  # allowed alone, too long with this prompt
     ("/v1/completions", None, None),  # not JSON at all
 ])
@@ -388,12 +388,12 @@ def test_stop_strings_are_held_back_until_a_later_block_rules_them_out(reference
     tokenizer = reference.lm.tokenizer
     text = TextStream(tokenizer, stops=["END"])
 
-    def encode(value: str) -> list[int]:
-        return tokenizer(value, add_special_tokens=False)["input_ids"]
+    def encode(*tokens: str) -> list[int]:  # word-level tokens; "##N" continues the word before it
+        return tokenizer.convert_tokens_to_ids(list(tokens))
 
-    assert text.add(encode("12 3 E")) == "12 3 "  # "E" may start "END": held back
-    assert text.add(encode("x 4 EN")) == "Ex 4 "
-    assert text.add(encode("D 5")) == "" and text.stopped and text.text == "12 3 Ex 4 "
+    assert text.add(encode("12", "3", "E")) == "12 3 "  # "E" may start "END": held back
+    assert text.add(encode("x", "4", "E", "##N")) == "E x 4 "
+    assert text.add(encode("##D", "5")) == "" and text.stopped and text.text == "12 3 E x 4 "
 
 
 # -- the loop on its own (no Serve) -----------------------------------------------------------------

@@ -173,7 +173,7 @@ def validate(model, tokenizer, out: Path, work: Path, ids: dict, validation: lis
     print(f"validation at step {step}: exact {report['exact_match']:.1%} right block "
           f"{report['right_block']:.1%} blocks {report['decoded_blocks_histogram']} "
           f"({report['seconds']:.0f} s)", flush=True)
-    if score > best.get("score", -1.0):
+    if score > best.get("score", float("-inf")):
         best = {"score": score, "step": step, "exact_match": report["exact_match"],
                 "right_block": report["right_block"], "near_block": report["near_block"]}
         staging = out.with_name(out.name + ".staging")
