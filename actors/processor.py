@@ -47,6 +47,8 @@ from ray.llm._internal.batch.processor.base import (  # noqa: E402  (after the v
     OfflineProcessorConfig, Processor, ProcessorBuilder)
 from ray.llm._internal.batch.stages.base import StatefulStage, StatefulStageUDF  # noqa: E402
 
+from actors.batch_rows import to_python  # noqa: E402
+
 
 class BlockServeProcessorConfig(OfflineProcessorConfig):
     """Ray's offline processor config plus BlockServe's engine settings.
@@ -79,8 +81,6 @@ class BlockServeStageUDF(StatefulStageUDF):
         self.actor = BlockServeActor(**actor_kwargs)
 
     async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        from actors.batch_rows import to_python
-
         outputs = await self.actor.generate_rows([{key: to_python(row.get(key)) for key in
                                                    ("messages", "prompt", "sampling_params")}
                                                   for row in batch])

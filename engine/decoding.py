@@ -129,7 +129,7 @@ def propose_tokens(logits: torch.Tensor, mask_id: int, sampling: Sampling | None
     compute_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     logits = logits.to(compute_dtype)
     scores = None if measure == "probability" else distribution_scores(logits, measure)
-    log_normalizer = torch.logsumexp(logits, dim=-1)
+    log_normalizer = torch.logsumexp(logits, dim=-1) if scores is None else None
     logits[..., mask_id] = float("-inf")
     candidates = logits.argmax(dim=-1)
     if sampling is not None:

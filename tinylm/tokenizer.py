@@ -24,6 +24,8 @@ CHAT_TEMPLATE = (
     "<|end_header_id|>{{ message['content'] }}<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{% endif %}")
 MAX_NUMBER = 399
+# The character order the fixtures were built with (string.printable minus \x0b \x0c \r).
+CHARACTERS_LEGACY = tuple(c for c in string.printable if c not in "\x0b\x0c\r")
 
 
 def _wrap(core: Tokenizer) -> PreTrainedTokenizerFast:
@@ -60,9 +62,6 @@ def build_character_tokenizer() -> PreTrainedTokenizerFast:
     core.decoder = decoders.Fuse()
     return _wrap(core)
 
-
-# The character order the fixtures were built with (string.printable minus \x0b \x0c \r).
-CHARACTERS_LEGACY = tuple(c for c in string.printable if c not in "\x0b\x0c\r")
 
 
 def save_tokenizer(directory: Path) -> PreTrainedTokenizerFast:
