@@ -5,6 +5,11 @@ every word of the task prompts is one token, so ``count from 17 to 52`` is 5 tok
 36 tokens, one per number: the successor of a number is one lookup, and the stop is the token that
 equals the prompt's last number. Anything else still tokenizes: a word outside the vocabulary falls
 back to characters (WordPiece with ``##`` continuation pieces), so arbitrary text never becomes UNK.
+WordPiece's longest-match search is quadratic in a word's length (and Hugging Face's is worse), so
+the pre-tokenizer cuts runs longer than ``MAX_PIECE_CHARS`` into pieces of at most that many
+characters: any input tokenizes in linear time. A word up to that length (every vocabulary word)
+tokenizes as before; a longer one still becomes characters, each piece starting without ``##`` (so
+decoding puts a space every ``MAX_PIECE_CHARS`` characters of such a word).
 
 ``build_character_tokenizer``: one token per character; the random test fixtures keep it.
 """
@@ -24,6 +29,7 @@ CHAT_TEMPLATE = (
     "<|end_header_id|>{{ message['content'] }}<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{% endif %}")
 MAX_NUMBER = 399
+MAX_PIECE_CHARS = 64  # longer runs are split for linear-time WordPiece; far above the longest word
 # The character order the fixtures were built with (string.printable minus \x0b \x0c \r).
 CHARACTERS_LEGACY = tuple(c for c in string.printable if c not in "\x0b\x0c\r")
 
@@ -50,9 +56,15 @@ def build_tokenizer(words: tuple[str, ...] | None = None) -> PreTrainedTokenizer
         vocab.setdefault(token, len(vocab))
     # a long unknown word still falls back to characters, never to UNK
     core = Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=1_000_000))
-    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    core.pre_tokenizer = bounded_word_pre_tokenizer()
     core.decoder = decoders.WordPiece(prefix="##", cleanup=True)
     return _wrap(core)
+
+
+def bounded_word_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """BERT's split on whitespace and punctuation, then runs cut into pieces of <= MAX_PIECE_CHARS."""
+    pieces = pre_tokenizers.Split(Regex(f"(?m).{{1,{MAX_PIECE_CHARS}}}"), behavior="isolated")
+    return pre_tokenizers.Sequence([pre_tokenizers.BertPreTokenizer(), pieces])
 
 
 def build_character_tokenizer() -> PreTrainedTokenizerFast:
@@ -61,7 +73,6 @@ def build_character_tokenizer() -> PreTrainedTokenizerFast:
     core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
     core.decoder = decoders.Fuse()
     return _wrap(core)
-
 
 
 def save_tokenizer(directory: Path) -> PreTrainedTokenizerFast:
