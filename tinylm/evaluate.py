@@ -1,8 +1,10 @@
 """Score the tiny model on its held-out split with the reference decoder (the issue's bar).
 
-    python -m tinylm.evaluate [--model tiny] [--limit N] [--json out.json]
+    python -m tinylm.evaluate [--model tiny] [--limit N] [--json out.json] [--decoding threshold:0.9]
 
-Settings: threshold 0.9, block length 32, temperature 0, dual cache, max_new_tokens 256.
+Settings: the tiny configs' (block length 8, max_new_tokens 64, dual cache, temperature 0), with the
+decoding rule of ``configs/tiny-cpu.yaml`` unless ``--decoding`` names another (``threshold:<value>``,
+or ``quota`` for one position per step).
 Reports exact match per task, the share of answers whose EOS lands in the right block (decoded and
 expected lengths span the same number of blocks) or within one block of it, and the decoded-length
 histogram in blocks.
@@ -15,11 +17,13 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from engine.decoding import DecodeRule
 from engine.models import load_model
 from engine.reference import reference_generate
-from tinylm.tasks import read_jsonl
+from tinylm.tasks import BLOCK, CANVAS_BLOCKS, read_jsonl
 
-BLOCK = 32
+# The decoding the tiny configs use, chosen on the validation split (README, "The tiny model").
+SHIPPED_DECODING = "threshold:0.9"
 HELDOUT = Path(__file__).resolve().parents[1] / "assets" / "data" / "heldout.jsonl"
 
 
@@ -43,13 +47,25 @@ def selection_score(report: dict) -> float:
     return (spread - 1.0) + report["exact_match"] + 0.5 * report["right_block"] + 0.25 * report["near_block"]
 
 
-def evaluate(model: str = "tiny", limit: int | None = None, rows: list[dict] | None = None) -> dict:
+def decode_rule(spec: str) -> DecodeRule:
+    """``threshold:<value>`` or ``quota`` (one position per step: ``steps_per_block`` = the block)."""
+    kind, _, value = spec.partition(":")
+    if kind == "threshold" and value:
+        return DecodeRule("threshold", threshold=float(value))
+    if kind == "quota" and not value:
+        return DecodeRule("quota", steps_per_block=BLOCK)
+    raise ValueError(f"decoding must be 'threshold:<value>' or 'quota', got {spec!r}")
+
+
+def evaluate(model: str = "tiny", limit: int | None = None, rows: list[dict] | None = None,
+             decoding: str = SHIPPED_DECODING) -> dict:
     rows = rows if rows is not None else read_jsonl(HELDOUT)
-    report = evaluate_model(load_model(model, dtype="float32"), rows[:limit] if limit else rows)
-    return {"model": str(model), **report}
+    report = evaluate_model(load_model(model, dtype="float32"), rows[:limit] if limit else rows, decoding)
+    return {"model": str(model), "decoding": decoding, **report}
 
 
-def evaluate_model(lm, rows: list[dict]) -> dict:
+def evaluate_model(lm, rows: list[dict], decoding: str = SHIPPED_DECODING) -> dict:
+    rule = decode_rule(decoding)
     per_task: dict[str, Counter] = defaultdict(Counter)
     histogram: Counter = Counter()
     samples, steps, blocks, started, expected_blocks = [], 0, 0, time.time(), []
@@ -57,7 +73,8 @@ def evaluate_model(lm, rows: list[dict]) -> dict:
         ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}],
                                                add_generation_prompt=True, tokenize=True, return_dict=False)
         began = time.perf_counter()
-        result = reference_generate(lm, ids, max_new_tokens=256)
+        result = reference_generate(lm, ids, max_new_tokens=BLOCK * CANVAS_BLOCKS, block_length=BLOCK,
+                                    rule=rule)
         seconds = time.perf_counter() - began
         text = lm.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         counts = per_task[row["task"]]
@@ -95,8 +112,10 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--decoding", default=SHIPPED_DECODING, help="threshold:<value> or quota")
+    parser.add_argument("--split", type=Path, default=HELDOUT, help="a jsonl split (default: held-out)")
     args = parser.parse_args()
-    report = evaluate(args.model, args.limit)
+    report = evaluate(args.model, args.limit, read_jsonl(args.split), args.decoding)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

@@ -2,9 +2,11 @@
 
 ``count from 17 to 52`` -> ``17 18 19 ... 52`` and ``count down from 52 to 17`` -> ``52 51 ... 17``.
 Every number is one token (``tinylm/tokenizer.py``), so each answer token is fixed by its neighbour and
-the stop is a local fact: EOS follows the token that equals the prompt's last number. Answer lengths
-are drawn uniformly from 1 to ``MAX_ANSWER_TOKENS`` numbers, so with the EOS the answers span 1 to 8
-blocks of 32 tokens evenly; the wording around the instruction varies so prompt lengths spread too.
+the stop is a local fact: EOS follows the token that equals the prompt's last number. Numbers run
+from 0 to ``MAX_TASK_NUMBER`` and answer lengths are drawn uniformly from 1 to ``MAX_ANSWER_TOKENS``
+numbers, so with the EOS the answers span 1 to ``CANVAS_BLOCKS`` blocks of ``BLOCK`` tokens evenly;
+the wording around the instruction varies so prompt lengths spread too. (The problem size, block 8
+over a 64-token canvas, was chosen by measurement: README, "The tiny model".)
 """
 from __future__ import annotations
 
@@ -16,7 +18,11 @@ from pathlib import Path
 from tinylm.tokenizer import MAX_NUMBER
 
 TASKS = ("count_up", "count_down")
-MAX_ANSWER_TOKENS = 255  # + EOS = 256 tokens = 8 blocks, the engine's default max_new_tokens
+BLOCK = 8  # the tiny configs' block_length
+CANVAS_BLOCKS = 8  # the tiny configs' max_new_tokens = BLOCK * CANVAS_BLOCKS = 64
+MAX_ANSWER_TOKENS = BLOCK * CANVAS_BLOCKS - 1  # + EOS fills the canvas
+MAX_TASK_NUMBER = 99  # the tokenizer knows numbers up to MAX_NUMBER; the tasks use the first hundred
+assert MAX_TASK_NUMBER <= MAX_NUMBER and MAX_ANSWER_TOKENS <= MAX_TASK_NUMBER + 1
 PREFIXES = ("", "", "please ", "hey, ", "could you ", "now ", "I need you to ", "quick one: ",
             "for a test of the server, please ", "my little sister wants to see if you can ",
             "without any extra words, ", "just for fun, ")
@@ -57,10 +63,10 @@ def make_example(rng: random.Random, task: str | None = None) -> Example:
     task = task or rng.choice(TASKS)
     length = rng.randint(1, MAX_ANSWER_TOKENS)
     if task == "count_up":
-        start = rng.randint(0, MAX_NUMBER - length + 1)
+        start = rng.randint(0, MAX_TASK_NUMBER - length + 1)
         stop = start + length - 1
     else:
-        start = rng.randint(length - 1, MAX_NUMBER)
+        start = rng.randint(length - 1, MAX_TASK_NUMBER)
         stop = start - length + 1
     core = f"count from {start} to {stop}" if task == "count_up" else f"count down from {start} to {stop}"
     prompt = rng.choice(PREFIXES) + core + rng.choice(SUFFIXES)
