@@ -1,0 +1,109 @@
+"""Host cost of an engine step, counted: aten operations per step, per layer and fixed.
+
+On a GPU every aten operation is at least one dispatch and usually one kernel launch, so the host time
+of a step grows with the number of operations it issues, whatever the tensor sizes. This counts them
+with a ``TorchDispatchMode`` over whole engine steps (views and in-place writes included: each is a
+dispatch) and separates the part that grows with depth from the fixed part by running the same
+workload on the same checkpoint family with 1 and with 2 layers.
+
+    python -m benchmarks.host_ops                       # both test fixtures, engine defaults, 16 prompts
+    python -m benchmarks.host_ops --compile             # the same with EngineConfig(compile=True)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine import BlockServeEngine, EngineConfig, SamplingParams
+from engine.models import load_model
+from engine.models.loader import DiffusionLM
+from engine.models.transformer import BidirectionalTransformer
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every aten operation dispatched while active, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def with_layers(lm: DiffusionLM, num_layers: int, seed: int = 0) -> DiffusionLM:
+    """The same family, tokenizer and shapes with ``num_layers`` random layers (float32)."""
+    config = dataclasses.replace(lm.model.config, num_layers=num_layers)
+    torch.manual_seed(seed)
+    model = BidirectionalTransformer(config)
+    model.eval().requires_grad_(False)
+    return dataclasses.replace(lm, model=model)
+
+
+def mixed_prompts(lm: DiffusionLM, count: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    """Prompts of different lengths and caps of 1-3 blocks: rows start blocks at different steps."""
+    vocab = [i for i in range(min(lm.vocab_size, 90)) if i not in (lm.tokens.mask_id, *lm.tokens.stop_ids)]
+    prompts = [[vocab[(7 * i + j) % len(vocab)] for j in range(5 + 11 * i % 40)] for i in range(count)]
+    params = [SamplingParams(max_new_tokens=32 * (1 + i % 3), stop_at_eos=False) for i in range(count)]
+    return prompts, params
+
+
+def step_op_counts(engine: BlockServeEngine, prompts, params) -> list[tuple[str, int]]:
+    """(forward kind, aten operations) of every step that ran a forward, the workload run to the end."""
+    for prompt, p in zip(prompts, params):
+        engine.add_request(prompt, p)
+    counts = []
+    while engine.has_unfinished_requests():
+        before = len(engine.stats_collector.trace)
+        with OpCounter() as counter:
+            engine.step()
+        trace = engine.stats_collector.trace
+        if len(trace) > before:
+            counts.append((trace[-1].kind, counter.total))
+    return counts
+
+
+def per_layer_ops(fixture: str, count: int = 16, **config) -> dict:
+    """Mean operations per step of 1- and 2-layer models: per layer = difference, fixed = the rest."""
+    lm = load_model(FIXTURES / fixture, dtype="float32")
+    prompts, params = mixed_prompts(lm, count)
+    means = {}
+    for layers in (1, 2):
+        engine = BlockServeEngine(with_layers(lm, layers), EngineConfig(**config))
+        engine.generate(prompts[:2], params[:2])  # warm-up (first-call allocations)
+        engine.reset_stats()
+        counts = step_op_counts(engine, prompts, params)
+        means[layers] = sum(total for _, total in counts) / len(counts)
+    per_layer = means[2] - means[1]
+    return {"fixture": fixture, "steps": len(counts), "per_layer": round(per_layer, 1),
+            "fixed": round(means[1] - per_layer, 1), "at_32_layers": round(means[1] + 31 * per_layer)}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--cache", default="dual")
+    parser.add_argument("--compile", action="store_true")
+    args = parser.parse_args(argv)
+    config = {"cache": args.cache} | ({"compile": True} if args.compile else {})
+    rows = [per_layer_ops(fixture, args.prompts, **config) for fixture in ("tiny-llada", "tiny-dream")]
+    for row in rows:
+        print(json.dumps(row))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
