@@ -1,7 +1,8 @@
 """Read HF-format checkpoint directories: config.json, (sharded) safetensors, tokenizer files.
 
-Weights are streamed tensor by tensor from safetensors into a model whose parameters were allocated
-with ``to_empty`` after building on the meta device, so peak memory is one model plus one tensor.
+Weights are streamed tensor by tensor from safetensors into a model built on the meta device, cast
+to the target dtype there and only then allocated with ``to_empty``, so peak memory is one model in
+that dtype plus one tensor (casting after ``to_empty`` would first allocate the whole model in float32).
 """
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ def load_weights(
 ) -> None:
     """Fill a meta-device ``model`` from ``directory``; ``rename`` maps checkpoint names to ours
     (``None`` skips a tensor that we do not use, e.g. rotary caches)."""
+    model.to(dtype)  # still on the meta device: the parameters are born in ``dtype``, never float32
     model.to_empty(device=device)
-    model.to(dtype)
     model.tie_weights()  # moving off the meta device unties shared parameters
     params = dict(model.named_parameters())
     loaded: set[str] = set()
