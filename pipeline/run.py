@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import ray
 
 from pipeline import data, stats as job_stats, storage
@@ -183,6 +184,28 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     return result
 
 
+def expected_answers(config: PipelineConfig, count: int = 5, width: int = 60) -> str:
+    """When the input carries an ``answer`` column (the demo data does): how many outputs equal it, and
+    a few rows with the expected answer beside the output, so a person sees at a glance what is right."""
+    outputs_dir = storage.join(config.output, "outputs")
+    columns = (config.id_column, config.prompt_column, "generated_text", "answer")
+    files, (filesystem, _) = storage.list_files(outputs_dir, ".parquet"), storage.resolve(outputs_dir)
+    # checked first: read_column deletes a file it cannot read, and a missing column reads as that
+    if not files or not set(columns) <= set(pq.read_schema(files[0], filesystem=filesystem).names):
+        return ""
+    ids, prompts, outputs, expected = (storage.read_column(outputs_dir, c).to_pylist() for c in columns)
+
+    def cut(text: str) -> str:
+        return text if len(text) <= width else text[: width - 3] + "..."
+
+    right = sum(o == e for o, e in zip(outputs, expected))
+    lines = [f"{right} of {len(ids)} outputs equal the input's expected answer; a few rows:"]
+    for _, prompt, output, answer in sorted(zip(ids, prompts, outputs, expected))[:count]:
+        lines += [f"  {cut(prompt)}", f"    output:   {cut(output)}",
+                  f"    expected: {cut(answer)}  [{'right' if output == answer else 'wrong'}]"]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -213,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{job_stats.format_table(result)}\n\n{run_info['output_rows']} rows "
               f"({run_info['output_unique_ids']} unique ids) in {storage.join(config.output, 'outputs')}; "
               f"stats in {storage.join(config.output, 'stats.json')} and stats.png")
+        samples = expected_answers(config)
+        if samples:
+            print(f"\n{samples}")
     return 0
 
 

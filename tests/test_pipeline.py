@@ -159,6 +159,17 @@ def test_job_writes_every_row_once_with_outputs_and_stats(finished_run):
     assert (output / "stats.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_demo_prints_a_few_rows_with_their_expected_answers_beside_them(finished_run):
+    _, output, printed = finished_run
+    rows = read_outputs(output)
+    right = sum(r["generated_text"] == r["answer"] for r in rows)
+    assert f"{right} of 12 outputs equal the input's expected answer" in printed
+    first = min(rows, key=lambda r: r["id"])
+    verdict = "right" if first["generated_text"] == first["answer"] else "wrong"
+    assert printed.count("    expected: ") == 5
+    assert f"  {first['prompt'][:57]}" in printed and f"[{verdict}]" in printed
+
+
 def test_rows_of_similar_prompt_length_travel_together(finished_run):
     _, output, _ = finished_run
     rows = read_outputs(output)
