@@ -113,9 +113,15 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--decoding", default=SHIPPED_DECODING, help="threshold:<value> or quota")
-    parser.add_argument("--split", type=Path, default=HELDOUT, help="a jsonl split (default: held-out)")
+    parser.add_argument("--split", default=str(HELDOUT),
+                        help="a jsonl split (default: held-out), or 'validation' (what picks the decoding)")
     args = parser.parse_args()
-    report = evaluate(args.model, args.limit, read_jsonl(args.split), args.decoding)
+    if args.split == "validation":
+        from tinylm.train import validation_rows
+        rows = validation_rows()
+    else:
+        rows = read_jsonl(Path(args.split))
+    report = evaluate(args.model, args.limit, rows, args.decoding)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

@@ -71,12 +71,21 @@ def initialize(model: BidirectionalTransformer, tokenizer, seed: int) -> None:
         embedding[rows, : 2 * pairs] = features
 
 
-def write_datasets(data_dir: Path) -> tuple[set, list]:
-    """Held-out (scored), validation (checkpoint selection) and demo splits, disjoint."""
+def define_splits() -> tuple[list, list, list]:
+    """Held-out (scored), validation (checkpoint and decoding selection) and demo splits, disjoint."""
     heldout = make_split(HELDOUT_SEED, HELDOUT_SIZE)
     validation = make_split(VALIDATION_SEED, VALIDATION_SIZE, exclude={example_key(e) for e in heldout})
+    demo = make_split(DEMO_SEED, DEMO_SIZE, exclude={example_key(e) for e in heldout + validation})
+    return heldout, validation, demo
+
+
+def validation_rows() -> list[dict]:
+    return [{"id": f"validation-{i:05d}", **asdict(e)} for i, e in enumerate(define_splits()[1])]
+
+
+def write_datasets(data_dir: Path) -> tuple[set, list]:
+    heldout, validation, demo = define_splits()
     excluded = {example_key(e) for e in heldout + validation}
-    demo = make_split(DEMO_SEED, DEMO_SIZE, exclude=excluded)
     write_jsonl(heldout, data_dir / "heldout.jsonl", "heldout")
     write_jsonl(demo, data_dir / "demo.jsonl", "demo")
     return excluded, [{"id": f"validation-{i:05d}", **asdict(e)} for i, e in enumerate(validation)]
