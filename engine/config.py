@@ -10,6 +10,8 @@ CACHE_MODES = ("dual", "prefix", "none")
 DECODING_RULES = ("threshold", "quota", "factor", "factor_prefix", "dream")
 DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy")  # Dream's diffusion_generate algs, less "origin"
 SHIFTED_DECODINGS = ("fast-dllm", "lookback")
+DEFAULT_MAX_MODEL_LEN = 4096  # widest row when max_model_len is unset: a model may advertise far more
+# (Dream: 131,072 positions, a KV arena of ~112 GiB at 16 slots); LLaDA's own limit is 4096
 
 
 def blocks_needed(num_tokens: int, block_length: int) -> int:
@@ -51,7 +53,7 @@ class EngineConfig:
     # "lookback": windows start one column before the block and every step applies the rule
     shifted_decoding: str = "fast-dllm"
     max_model_len: int | None = None  # widest admissible row (prompt + canvas), sizes the KV arena;
-    # None: the model's maximum length, capped by the token budget
+    # None: the model's maximum length up to DEFAULT_MAX_MODEL_LEN, capped by the token budget
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_length, int) or self.block_length < 1:
@@ -110,8 +112,9 @@ class EngineConfig:
         return self.token_budget or self.max_batch_size * self.resolved_max_model_len(model_max_length)
 
     def resolved_max_model_len(self, model_max_length: int) -> int:
-        """The widest row a request may have: configured, else the model's, and never over the budget."""
-        widest = min(self.max_model_len or model_max_length, model_max_length)
+        """The widest row a request may have: configured, else the model's up to DEFAULT_MAX_MODEL_LEN;
+        never over the model's maximum nor the budget."""
+        widest = min(self.max_model_len or DEFAULT_MAX_MODEL_LEN, model_max_length)
         return min(widest, self.token_budget) if self.token_budget else widest
 
 

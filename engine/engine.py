@@ -12,6 +12,7 @@ import torch
 
 from engine.batch import RowArena
 from engine.config import EngineConfig, SamplingParams, blocks_needed, window_lookback
+from engine.memory import check_arena_fits
 from engine.models.loader import DiffusionLM, load_model
 from engine.prompts import Prompt, encode_prompt
 from engine.reference import trim_at_stop
@@ -39,6 +40,7 @@ class BlockServeEngine:
         self.config = config or EngineConfig()
         self.token_budget = self.config.resolved_token_budget(lm.max_length)
         self.max_row_width = self.config.resolved_max_model_len(lm.max_length)
+        check_arena_fits(lm, self.config)  # before allocating: an arena that cannot fit fails by name
         self.scheduler = Scheduler(self.config, self.token_budget, self.max_row_width)
         self.runner = ModelRunner(lm, self.config)
         self.arena = RowArena(lm, self.config.max_batch_size, self.max_row_width, self.config.block_length,
