@@ -3,9 +3,11 @@
 Requests are our own strict models; responses and stream chunks are the ``openai`` package's types, so
 what a client parses is what we built.
 
-Only what BlockServe can honour is accepted: one choice (``n`` = 1), greedy or sampled decoding with a
-seed, ``stop`` strings (applied to the decoded text), and ``ignore_eos`` (a vLLM extension, for
-benchmarks that want exact lengths). Types are strict, so ``"max_tokens": "8"`` is a 400, not an 8.
+Every field is honoured or refused (``openai_fields`` holds the table): greedy or sampled decoding
+with a seed, ``stop`` strings (applied to the decoded text), ``ignore_eos`` (a vLLM extension, for
+benchmarks that want exact lengths), chat content as a string or a list of text parts; a field
+BlockServe cannot honour is a 400 naming it unless it has its neutral value, and an unknown field is
+a 400. Types are strict, so ``"max_tokens": "8"`` is a 400, not an 8.
 Every response carries a non-standard ``blockserve`` object with the request's timing on the replica.
 """
 from __future__ import annotations
@@ -41,12 +43,16 @@ class OpenAIError(Exception):
 
 # -- requests --------------------------------------------------------------------------------------
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    include_usage: bool = False
+    model_config = ConfigDict(strict=True, extra="forbid")
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # refused when true (openai_fields): chunks are not padded
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    """Fields BlockServe honours are typed here; a field it refuses unless neutral is ``Any`` here and
+    judged by ``openai_fields``; a field nobody defines is a 400 (OpenAI's "unrecognized argument")."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     model: str | None = None  # None: the served model
     max_tokens: int | None = Field(None, ge=1)  # None: the server's default
@@ -54,10 +60,21 @@ class _Request(BaseModel):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
     stop: str | list[str] | None = None
-    ignore_eos: bool = False
+    ignore_eos: bool = False  # vLLM's extension: run to max_tokens
+    # the caller's labels: accepted, they cannot change an answer
     user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    metadata: dict[str, str] | None = None
+    # judged by openai_fields (null or the neutral value, else a 400 naming the field)
+    n: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    top_p: Any = None
+    top_k: Any = None  # vLLM's extension
+    logit_bias: Any = None
+    logprobs: Any = None
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -67,9 +84,19 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def field_values(self) -> dict[str, Any]:
+        """Every field as sent (unset ones as their defaults), for ``openai_fields.check_refused``."""
+        values = dict(self)
+        if self.stream_options is not None and self.stream_options.include_obfuscation:
+            values["stream_options.include_obfuscation"] = True
+        return values
+
 
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str]
+    best_of: Any = None
+    echo: Any = None
+    suffix: Any = None
 
     def prompt_input(self) -> str | list[int]:
         """The one prompt: a list of strings is OpenAI's batch form, and only one is served per call."""
@@ -81,18 +108,66 @@ class CompletionRequest(_Request):
         return self.prompt
 
 
+class ContentPart(BaseModel):
+    """One part of a message's content; only ``{"type": "text", "text": ...}`` is served (checked in
+    :meth:`ChatCompletionRequest.prompt_input`, so another type is a 400 naming that type)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+    text: str | None = None
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    role: Literal["system", "user", "assistant"]
-    content: str
+    model_config = ConfigDict(strict=True, extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer system
+    content: str | list[ContentPart]
+    name: str | None = None  # refused when set: the chat template has no place for a name
+
+    def text(self, index: int) -> str:
+        """The content as one string: text parts joined with newlines (as vLLM joins them)."""
+        if self.name is not None:
+            raise OpenAIError(f"messages.{index}.name: participant names are not supported",
+                              param=f"messages.{index}.name", code="unsupported_parameter")
+        if isinstance(self.content, str):
+            return self.content
+        for number, part in enumerate(self.content):
+            if part.type != "text":
+                raise OpenAIError(f"messages.{index}.content.{number}.type: content part type "
+                                  f"{part.type!r} is not supported (only 'text')",
+                                  param=f"messages.{index}.content.{number}.type",
+                                  code="unsupported_parameter")
+            if part.text is None:
+                raise OpenAIError(f"messages.{index}.content.{number}.text: a text part needs its text",
+                                  param=f"messages.{index}.content.{number}.text",
+                                  code="missing_required_parameter")
+        return "\n".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
+    top_logprobs: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    modalities: Any = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    store: Any = None
+    service_tier: Any = None
+    moderation: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
 
     def prompt_input(self) -> list[dict[str, str]]:
-        return [{"role": message.role, "content": message.content} for message in self.messages]
+        return [{"role": "system" if message.role == "developer" else message.role,
+                 "content": message.text(index)} for index, message in enumerate(self.messages)]
 
 
 # -- responses: the openai package's own types; ``blockserve`` rides along as an extra field ------------
@@ -180,6 +255,10 @@ def validation_error(errors: list[dict[str, Any]]) -> OpenAIError:
         detail = located[0][1].get("msg", "") if located else ""
         return OpenAIError(f"request body is not a valid JSON object: {detail}", code="invalid_json")
     location, error = located[0]
+    if error.get("type") == "extra_forbidden":  # OpenAI: "Unrecognized request argument supplied"
+        param = ".".join(location)
+        return OpenAIError(f"{param}: unrecognized request field", param=param,
+                           code="unrecognized_parameter")
     # a failed union member adds its type to the path (prompt.str, prompt.list[int].0): drop those
     param = ".".join(part for part in location if not _is_union_tag(part))
     members = [part for other, _ in located if other[:1] == location[:1] for part in other

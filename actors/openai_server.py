@@ -1,12 +1,13 @@
 """The OpenAI endpoints over one engine loop, independent of FastAPI and Ray: validated bodies in,
 openai-typed responses or Server-Sent-Event lines out, :class:`OpenAIError` for anything the client must fix.
 
-Requests are checked and tokenized here, before they reach the engine, so a bad one is a 400 naming its
-field and never occupies the loop. A streamed response sends one chunk per committed block (a diffusion
+Requests are checked and tokenized here (tokenizing in a worker thread, never on the event loop), before
+they reach the engine, so a bad one is a 400 naming its field and never occupies the loop. A streamed response sends one chunk per committed block (a diffusion
 model finalizes text block by block), the last one carrying ``finish_reason``, then ``data: [DONE]``.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from pydantic import BaseModel
 from transformers import PreTrainedTokenizerBase
 
+from actors.openai_fields import REFUSED_CHAT, REFUSED_COMPLETION, check_refused
 from actors.engine_loop import EngineDeadError, EngineLoop, QueueFullError, RequestStream
 from actors.openai_protocol import (
     MAX_STOP_STRINGS, BlockServeInfo, ChatCompletionRequest, CompletionRequest, FinishReason, ModelList,
@@ -25,7 +27,7 @@ from actors.openai_protocol import (
 from actors.serve_metrics import ServeMetrics
 from engine.config import blocks_needed
 from engine import RequestOutput, SamplingParams
-from engine.prompts import Prompt, encode_prompt
+from engine.prompts import Prompt, PromptTooLongError, encode_prompt
 
 FINISH_REASONS: dict[str, FinishReason] = {"eos": "stop", "length": "length"}
 
@@ -81,6 +83,7 @@ class OpenAIServer:
                  metrics: ServeMetrics | None = None):
         self.loop, self.model_name, self.metrics = loop, model_name, metrics
         self.lm, self.block_length = loop.engine.lm, loop.engine.config.block_length
+        self.max_row_width = loop.engine.max_row_width  # <= the model's length and the token budget
         # None: the longest whole-block canvas that fits the model next to a one-token prompt
         self.max_tokens_limit = max_tokens_limit or (
             (self.lm.max_length - 1) // self.block_length * self.block_length)
@@ -92,25 +95,27 @@ class OpenAIServer:
                                      owned_by="blockserve", max_model_len=self.lm.max_length)])
 
     async def completions(self, body: CompletionRequest) -> Completion | AsyncIterator[str]:
-        job = self._submit(body, body.prompt_input(), "prompt", (body.max_tokens, "max_tokens"), chat=False)
+        job = await self._submit(body, body.prompt_input(), "prompt",
+                                 (body.max_tokens, "max_tokens"), chat=False)
         return self._stream_events(job) if body.stream else await self._collect(job)
 
     async def chat(self, body: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[str]:
         max_tokens = ((body.max_tokens, "max_tokens") if body.max_tokens is not None
                       else (body.max_completion_tokens, "max_completion_tokens"))
-        job = self._submit(body, body.prompt_input(), "messages", max_tokens, chat=True)
+        job = await self._submit(body, body.prompt_input(), "messages", max_tokens, chat=True)
         return self._stream_events(job) if body.stream else await self._collect(job)
 
     # -- admission ---------------------------------------------------------------------------------
-    def _submit(self, body: CompletionRequest | ChatCompletionRequest, prompt: Prompt,
-                prompt_param: str, max_tokens: tuple[int | None, str], chat: bool) -> Job:
-        """Check, tokenize and queue a request; every problem is an OpenAIError naming its field."""
+    async def _submit(self, body: CompletionRequest | ChatCompletionRequest, prompt: Prompt,
+                      prompt_param: str, max_tokens: tuple[int | None, str], chat: bool) -> Job:
+        """Check, tokenize and queue a request; every problem is an OpenAIError naming its field.
+
+        Tokenizing runs in a worker thread (Hugging Face tokenizers release the GIL), so a long prompt
+        delays only its own request; one that cannot fit is refused before it is tokenized."""
         if body.model is not None and body.model != self.model_name:
             raise OpenAIError(f"model {body.model!r} is not served here (this server serves "
                               f"{self.model_name!r})", param="model", code="model_not_found")
-        if body.n != 1:
-            raise OpenAIError(f"n must be 1 (one choice per request), got {body.n}", param="n",
-                              code="invalid_value")
+        check_refused(body.field_values(), REFUSED_CHAT if chat else REFUSED_COMPLETION)
         stops = body.stop_strings()
         if len(stops) > MAX_STOP_STRINGS:
             raise OpenAIError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}",
@@ -120,8 +125,15 @@ class OpenAIServer:
         if max_tokens > self.max_tokens_limit:
             raise OpenAIError(f"{param} must be at most {self.max_tokens_limit}, got {max_tokens}",
                               param=param, code="invalid_value")
+        room = self.max_row_width - blocks_needed(max_tokens, self.block_length) * self.block_length
         try:
-            prompt_ids = encode_prompt(self.lm.tokenizer, prompt, self.lm.vocab_size)
+            prompt_ids = await asyncio.to_thread(encode_prompt, self.lm.tokenizer, prompt,
+                                                 self.lm.vocab_size, max(room, 0))
+        except PromptTooLongError as error:
+            raise OpenAIError(f"{prompt_param}: {error} beside {param} ({max_tokens}, rounded up to "
+                              f"whole blocks of {self.block_length}) in a row of at most "
+                              f"{self.max_row_width} tokens", param=prompt_param,
+                              code="context_length_exceeded")
         except ValueError as error:
             raise OpenAIError(f"{prompt_param}: {error}", param=prompt_param, code="invalid_value")
         self._check_width(len(prompt_ids), max_tokens, param, prompt_param)
@@ -139,14 +151,15 @@ class OpenAIServer:
         except EngineDeadError as error:
             raise OpenAIError(str(error), status=503, type="server_error", code="engine_unavailable")
         return Job(stream, TextStream(self.lm.tokenizer, stops), len(prompt_ids), chat,
-                         body.include_usage)
+                   body.include_usage)
 
     def _check_width(self, prompt_tokens: int, max_tokens: int, param: str, prompt_param: str) -> None:
         """The engine's row is prompt + max_tokens rounded up to whole blocks: it must fit."""
         blocks = blocks_needed(max_tokens, self.block_length)
         width = prompt_tokens + blocks * self.block_length
         for limit, what in ((self.lm.max_length, "the model's context length"),
-                            (self.loop.engine.token_budget, "the engine's token budget")):
+                            (self.loop.engine.token_budget, "the engine's token budget"),
+                            (self.max_row_width, "the engine's max_model_len")):
             if prompt_tokens + self.block_length > limit:
                 raise OpenAIError(
                     f"{prompt_param}: the prompt ({prompt_tokens} tokens) leaves no room for one block "

@@ -14,7 +14,7 @@ from engine.batch import RowArena
 from engine.config import EngineConfig, SamplingParams, blocks_needed, window_lookback
 from engine.memory import check_arena_fits
 from engine.models.loader import DiffusionLM, load_model
-from engine.prompts import Prompt, encode_prompt
+from engine.prompts import Prompt, PromptTooLongError, encode_prompt
 from engine.reference import trim_at_stop
 from engine.request import Request, RequestOutput, RequestStatus
 from engine.runner import ModelRunner, StepOutput
@@ -87,14 +87,18 @@ class BlockServeEngine:
         problem = request.params.validation_error()
         if problem:
             return problem
-        try:
-            request.prompt_token_ids = encode_prompt(self.lm.tokenizer, prompt, self.lm.vocab_size)
+        request.cap_blocks = blocks_needed(request.params.max_new_tokens, self.config.block_length)
+        request.canvas_blocks = request.cap_blocks
+        canvas = request.cap_blocks * self.config.block_length
+        try:  # a text prompt that cannot fit beside its canvas is refused before it is tokenized
+            request.prompt_token_ids = encode_prompt(self.lm.tokenizer, prompt, self.lm.vocab_size,
+                                                     max_tokens=max(self.max_row_width - canvas, 0))
+        except PromptTooLongError as error:
+            return f"{error} beside a canvas of {canvas} tokens in a row of at most {self.max_row_width}"
         except ValueError as error:
             return str(error)
         except Exception as error:  # a tokenizer failure on odd input is still this request's problem
             return f"could not tokenize prompt: {type(error).__name__}: {error}"
-        request.cap_blocks = blocks_needed(request.params.max_new_tokens, self.config.block_length)
-        request.canvas_blocks = request.cap_blocks
         request.seed = request.params.seed if request.params.seed is not None else (
             self._seed_source.getrandbits(31))
         if request.own_width > self.lm.max_length:

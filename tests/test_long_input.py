@@ -42,3 +42,37 @@ def test_words_up_to_the_piece_length_tokenize_as_one_wordpiece_run(tiny_tokeniz
         ["q"] + ["##q"] * (MAX_PIECE_CHARS - 1))
     assert tiny_tokenizer.convert_ids_to_tokens(tiny_tokenizer("count from 17 to 52")["input_ids"]) == [
         "count", "from", "17", "to", "52"]
+
+
+def test_the_guard_bound_is_the_longest_vocabulary_string_and_counts_only_covered_characters(
+        tiny_tokenizer):
+    from engine.prompts import counted_characters, max_chars_per_token
+
+    assert tiny_tokenizer.backend_tokenizer.normalizer is None
+    assert max_chars_per_token(tiny_tokenizer) == max(map(len, tiny_tokenizer.get_vocab())) == len(
+        "<|start_header_id|>")
+    assert counted_characters("a b\tc\n\u200bd\u0301e") == 5  # not whitespace, a format char, a mark
+
+
+def test_every_prompt_the_guard_refuses_really_has_more_tokens_than_allowed(tiny_tokenizer):
+    from engine.prompts import PromptTooLongError, check_fits
+
+    texts = ["count from 1 to 399 " * 40, "x" * 2000, "<|start_header_id|>" * 60, "1,2;3 " * 300]
+    for text in texts:
+        tokens = len(tiny_tokenizer(text)["input_ids"])
+        for limit in (tokens, tokens // 2, tokens // 20):
+            try:
+                check_fits(tiny_tokenizer, [text], limit)
+            except PromptTooLongError:
+                assert tokens > limit, (text[:20], limit)
+
+
+def test_the_engine_refuses_a_60000_character_word_without_tokenizing_it(tiny_engine_factory, monkeypatch):
+    from engine import SamplingParams
+
+    engine = tiny_engine_factory(dtype="float32", max_batch_size=2)
+    tokenizer = engine.lm.tokenizer
+    calls = []
+    monkeypatch.setattr(type(tokenizer), "__call__", lambda self, *a, **k: calls.append(a) or 1 / 0)
+    (output,) = engine.generate(["w" * 60_000], SamplingParams(max_new_tokens=32))
+    assert output.finish_reason == "error" and "60000 characters" in output.error and calls == []

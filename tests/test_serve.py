@@ -240,32 +240,6 @@ def test_sixteen_concurrent_requests_of_different_lengths_each_equal_engine_gene
     assert len(set(admitted_at)) < len(admitted_at), "no two requests were admitted at one boundary"
 
 
-def test_late_arrival_is_admitted_while_earlier_requests_still_run(server):
-    # 6 blocks each: even if the two were admitted one cycle apart, and the late request misses the
-    # boundary right after /health showed both running, they still have blocks left when it leaves
-    long_body = {"model": MODEL, "max_tokens": 192, "ignore_eos": True}
-
-    async def scenario():
-        async with httpx.AsyncClient(base_url=server, timeout=TIMEOUT_S) as http:
-            early = [asyncio.create_task(http.post("/v1/chat/completions", json={
-                **long_body, "messages": chat(f"count from {n} to 99")})) for n in (10, 20)]
-            deadline = time.time() + 60
-            while (await http.get("/health")).json()["running"] < 2:
-                assert time.time() < deadline, "the early requests never started"
-                await asyncio.sleep(0.05)
-            late = await http.post("/v1/chat/completions", json={
-                "model": MODEL, "max_tokens": 32, "messages": chat("count from 1 to 5")})
-            return [(await task).json() for task in early], late.json()
-
-    early, late = asyncio.run(scenario())
-    early_finish = min(response["blockserve"]["finish_time"] for response in early)
-    late_info = late["blockserve"]
-    assert late_info["arrival_time"] > max(r["blockserve"]["first_scheduled_time"] for r in early)
-    assert late_info["first_scheduled_time"] < early_finish  # joined at a block boundary mid-run
-    assert late_info["finish_time"] < early_finish  # and, being short, left before them
-    assert all(response["blockserve"]["num_blocks"] == 6 for response in early)
-
-
 def test_overload_gets_429_with_retry_after_and_every_accepted_request_completes(server):
     small = f"{server}/small"
     body = {"model": MODEL, "max_tokens": 96, "ignore_eos": True}  # 3 blocks: rows stay busy
@@ -356,6 +330,21 @@ def test_bad_requests_get_400_naming_the_field(server, path, body, param):
     assert httpx.get(f"{server}/health", timeout=10).status_code == 200
 
 
+def test_chat_content_parts_are_served_over_http(client, expect):
+    parts = [{"type": "text", "text": "count from 3"}, {"type": "text", "text": "to 12"}]
+    answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": parts}],
+                                            max_tokens=64)
+    assert answer.choices[0].message.content == expect(chat("count from 3\nto 12"), 64).text
+
+
+def test_a_prompt_of_one_huge_word_gets_its_400_and_the_replica_stays_healthy(server):
+    body = {"model": MODEL, "prompt": "z" * 12_000, "max_tokens": 32}
+    response = httpx.post(f"{server}/v1/completions", json=body, timeout=TIMEOUT_S)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    assert httpx.get(f"{server}/health", timeout=10).json()["status"] == "ok"
+
+
 def test_disconnected_stream_is_aborted_at_the_next_block_boundary(server):
     aborted_before = metric(server, "blockserve_requests_total", finish_reason="abort")
     body = {"model": MODEL, "messages": chat("count from 1 to 200"), "max_tokens": 448,
@@ -394,84 +383,6 @@ def test_stop_strings_are_held_back_until_a_later_block_rules_them_out(reference
     assert text.add(encode("12", "3", "E")) == "12 3 "  # "E" may start "END": held back
     assert text.add(encode("x", "4", "E", "##N")) == "E x 4 "
     assert text.add(encode("##D", "5")) == "" and text.stopped and text.text == "12 3 E x 4 "
-
-
-# -- the loop on its own (no Serve) -----------------------------------------------------------------
-def run_loop(engine: BlockServeEngine, prompts: list, *, pause_s: float = 0.0, **options):
-    """Submit prompts to a fresh EngineLoop (pause_s apart) and collect (stream, last event or error)."""
-    from actors.engine_loop import EngineLoop
-
-    async def scenario():
-        loop = EngineLoop(engine, **options).start()
-        streams = []
-        for index, prompt in enumerate(prompts):
-            streams.append(loop.submit(prompt, SamplingParams(max_new_tokens=32), f"r{index}"))
-            await asyncio.sleep(pause_s)
-
-        async def last(stream):
-            try:
-                return [event async for event in stream][-1]
-            except Exception as error:
-                return error
-
-        results = await asyncio.wait_for(asyncio.gather(*(last(s) for s in streams)), TIMEOUT_S)
-        health = loop.health_problem()
-        loop.stop()
-        return streams, results, health
-
-    return asyncio.run(scenario())
-
-
-def test_a_dead_engine_loop_fails_its_callers_and_reports_unhealthy(reference):
-    from actors.engine_loop import EngineDeadError
-
-    engine = BlockServeEngine(reference.lm, EngineConfig(**SMALL_ENGINE))
-
-    def broken_step():
-        raise RuntimeError("device lost")
-
-    engine.step = broken_step
-    _, results, health = run_loop(engine, [chat("count from 1 to 3")])
-    assert isinstance(results[0], EngineDeadError) and "device lost" in str(results[0])
-    assert health is not None and "device lost" in health
-
-
-def test_a_stuck_engine_loop_reports_unhealthy(reference):
-    engine = BlockServeEngine(reference.lm, EngineConfig(**SMALL_ENGINE))
-    step = engine.step
-
-    def slow_step():
-        time.sleep(1.0)
-        return step()
-
-    engine.step = slow_step
-    from actors.engine_loop import EngineLoop
-
-    async def scenario():
-        loop = EngineLoop(engine, stall_timeout_s=0.3).start()
-        stream = loop.submit(chat("count from 1 to 3"), SamplingParams(max_new_tokens=32), "r0")
-        await asyncio.sleep(0.7)
-        during = loop.health_problem()
-        _ = [event async for event in stream]
-        await asyncio.sleep(0.1)
-        after = loop.health_problem()
-        loop.stop()
-        return during, after
-
-    during, after = asyncio.run(scenario())
-    assert during is not None and "has not completed an engine step" in during
-    assert after is None
-
-
-def test_static_batching_collects_a_batch_until_the_timeout(reference):
-    engine = BlockServeEngine(reference.lm, EngineConfig(**SMALL_ENGINE, schedule="static"))
-    streams, results, _ = run_loop(engine, [chat("count from 1 to 3")], batching="static",
-                                   static_batch_timeout_s=0.5)
-    assert results[0].output is not None
-    assert streams[0].first_scheduled_time - streams[0].arrival_time >= 0.5
-    streams, _, _ = run_loop(engine, [chat("count from 1 to 3"), chat("count from 2 to 9")],
-                             batching="static", static_batch_timeout_s=30.0)
-    assert streams[0].first_scheduled_time == streams[1].first_scheduled_time  # a full batch goes at once
 
 
 # -- configs ---------------------------------------------------------------------------------------
