@@ -62,6 +62,9 @@ def run_system(lm: DiffusionLM, system: str, workload: Workload, **config: Any) 
         cycle_rows.append(engine.num_running + sum(o.finish_reason != "error" for o in finished))
         outputs.update((output.request_id, output) for output in finished)
     wall_s = time.perf_counter() - started
+    verify = getattr(lm.model, "verify", None)  # a replay's steering checks it knew every row (one sync)
+    if verify is not None:
+        verify()
     ordered = [outputs[request_id] for request_id in ids]
     errors = [output.error for output in ordered if output.finish_reason == "error"]
     if errors:

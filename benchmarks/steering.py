@@ -1,0 +1,137 @@
+"""A benchmark-only model wrapper: each replayed request stops at its target length and commits at the
+profile's pace, decided on the device with no host synchronisation.
+
+At a refresh the wrapper recognises each row's prompt by a hash of its first L real tokens (for every
+prompt length L the replay knows), computed and looked up on the device, and remembers the request by
+arena slot so the window steps that follow (which see only the block) are steered too. In ``logits``:
+
+* stop tokens other than EOS are forbidden; EOS is forbidden before the request's answer length and
+  certain from it on (so EOS is committed inside the block where the answer ends, by the decoding rule);
+* with a commit profile, the leftmost k still-masked content positions (k from the profile's table for
+  this request, block and masked count) get a logit 30 above the rest (confidence ~1) and every other
+  masked content position gets a rival token 0.01 below its best (confidence <= 0.503): any threshold
+  above 0.503 then commits exactly those k.
+
+A row whose prompt the replay does not know cannot raise mid-step without a sync; it sets a flag that
+:meth:`SteeredModel.verify` (called once after a run) turns into an error. Every other attribute is the
+base model's: the engine cannot tell the wrapper from a model.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from benchmarks.commit_profile import CommitProfile
+from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
+
+MAX_SLOTS = 1 << 16  # slot-indexed tables: far more arena slots than any engine allocates
+LIFT, HOLD_GAP = 30.0, 0.01
+HASH_COEFFICIENT_BITS = 20  # token ids < 2**18 and prompts < 2**12 tokens: sums stay below 2**50
+
+
+class SteeredModel:
+    def __init__(self, base, *, logit_shift: int, mask_id: int, eos_id: int, stop_ids: Sequence[int],
+                 prompts: Sequence[Sequence[int]], answer_lengths: Sequence[int], canvas_tokens: int,
+                 profile: CommitProfile | None, seed: int = 0):
+        if len({tuple(prompt) for prompt in prompts}) != len(prompts):
+            raise ValueError("steering is keyed by prompt: every replayed prompt must be distinct")
+        device = next(base.parameters()).device
+        self._base, self._shift, self._mask_id, self._eos_id = base, logit_shift, mask_id, eos_id
+        self._other_stops = [token for token in stop_ids if token != eos_id]
+        self._profile, self._seed, self._canvas, self._device = profile, seed, canvas_tokens, device
+        special = {mask_id, eos_id, *stop_ids}
+        self._rivals = [token for token in range(len(special) + 2) if token not in special][:2]
+        longest = max(map(len, prompts))
+        generator = torch.Generator().manual_seed(seed)
+        self._coefficients = torch.randint(1, 1 << HASH_COEFFICIENT_BITS, (longest,), generator=generator)
+        self._lengths = torch.tensor(sorted({len(p) for p in prompts}, reverse=True))  # longest match wins
+        keys = torch.stack([self._key(torch.tensor(p), len(p)) for p in prompts])
+        self._keys, order = keys.sort()
+        self._key_request = order
+        self._coefficients, self._lengths, self._keys, self._key_request = (
+            t.to(device) for t in (self._coefficients, self._lengths, self._keys, self._key_request))
+        self._prompt_length = torch.tensor([len(p) for p in prompts], device=device)
+        self._target = torch.tensor(list(answer_lengths), device=device)
+        self._slot_request = torch.zeros(MAX_SLOTS, dtype=torch.long, device=device)
+        self._unknown = torch.zeros((), dtype=torch.bool, device=device)
+        self._tables: dict[int, torch.Tensor] = {}  # block length -> k[request, block, masked left]
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # request, canvas, masked
+
+    def __getattr__(self, name: str):
+        return getattr(self._base, name)
+
+    def _key(self, tokens: torch.Tensor, length: int) -> torch.Tensor:
+        return (tokens[:length] * self._coefficients[:length]).sum() * 4096 + length
+
+    def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
+                     arena: KVArena | None) -> torch.Tensor:
+        self._pending = []
+        if refresh is not None:
+            self._pending.append(self._refresh_rows(refresh))
+        if window is not None:
+            self._pending.append(self._window_rows(window))
+        return self._base.forward_step(refresh, window, arena)
+
+    def _refresh_rows(self, part: RefreshPart):
+        positions, real = part.positions, part.key_mask
+        inside = real & (positions < self._coefficients.shape[0])
+        terms = torch.where(inside, part.tokens * self._coefficients[positions.clamp(max=self._coefficients.shape[0] - 1)], 0)
+        prefix = positions[:, :, None] < self._lengths[None, None, :]  # [rows, w, lengths]
+        keys = (terms[:, :, None] * prefix).sum(1) * 4096 + self._lengths  # [rows, lengths]
+        index = torch.searchsorted(self._keys, keys).clamp(max=self._keys.shape[0] - 1)
+        found = self._keys[index] == keys
+        first = found.int().argmax(1, keepdim=True)  # the longest known prompt this row starts with
+        request = self._key_request[index.gather(1, first)].squeeze(1)
+        self._unknown |= ~found.any(1).all()
+        if part.slots is not None:
+            self._slot_request[part.slots] = request
+        columns = part.read_columns + self._shift
+        return request, positions.gather(1, columns), part.tokens.gather(1, columns) == self._mask_id
+
+    def _window_rows(self, part: WindowPart):
+        request = self._slot_request[part.slots]
+        start = self._shift - part.read_shift
+        positions = part.positions[:, start:start + part.num_read]
+        return request, positions, part.tokens[:, start:start + part.num_read] == self._mask_id
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self._base.logits(hidden)
+        request = torch.cat([rows for rows, _, _ in self._pending])
+        canvas = torch.cat([positions for _, positions, _ in self._pending]) - self._prompt_length[request][:, None]
+        masked = torch.cat([flags for _, _, flags in self._pending])
+        answer_over = canvas >= self._target[request][:, None]
+        if self._other_stops:
+            logits[..., self._other_stops] = float("-inf")
+        logits[..., self._mask_id] = float("-inf")  # never a candidate (the decoder does the same)
+        top = logits.amax(-1)
+        logits[..., self._eos_id] = torch.where(answer_over, top + LIFT, torch.full_like(top, float("-inf")))
+        if self._profile is not None:
+            self._apply_profile(logits, request, canvas, masked & ~answer_over)
+        return logits
+
+    def _apply_profile(self, logits: torch.Tensor, request: torch.Tensor, canvas: torch.Tensor,
+                       content: torch.Tensor) -> None:
+        block_length = content.shape[1]
+        table = self._table(block_length)
+        block = (canvas[:, 0] // block_length).clamp(0, table.shape[1] - 1)
+        k = table[request, block, content.sum(1)]
+        lift = content & (content.cumsum(1) <= k[:, None])
+        hold = content & ~lift
+        top, best = logits.max(-1)
+        first, second = self._rivals
+        rival = torch.where(best == first, second, first)[..., None]
+        rival_logit = logits.gather(-1, rival).squeeze(-1)
+        logits.scatter_(-1, best[..., None], torch.where(lift, top + LIFT, top)[..., None])
+        logits.scatter_(-1, rival, torch.where(hold, top - HOLD_GAP, rival_logit)[..., None])
+
+    def _table(self, block_length: int) -> torch.Tensor:
+        if block_length not in self._tables:
+            shape = (self._target.shape[0], self._canvas // block_length + 1, block_length + 1)
+            self._tables[block_length] = self._profile.draw(shape, self._seed + block_length).to(self._device)
+        return self._tables[block_length]
+
+    def verify(self) -> None:
+        """Raise if any refreshed row started with a prompt the replay does not know (one sync)."""
+        if bool(self._unknown):
+            raise KeyError("a refreshed row starts with no prompt this replay knows")
