@@ -19,6 +19,11 @@ driver Serve uses) and awaits their results; the single loop thread keeps the en
 batch boundaries. Every batch comes back complete, in its input row order. With ``stats_actor`` set, a
 snapshot of this actor's stats reaches that named :class:`~actors.stats_registry.StatsRegistry` before
 each batch is returned. :mod:`actors.processor` runs the same rows through ``build_processor``.
+
+In a Ray actor, an engine loop that dies (a step raised, e.g. a CUDA error) or stalls ends the actor's
+process: Ray restarts the actor (Ray Data's default ``max_restarts=-1``) and retries the batches it
+held, so the job still writes every row once. A process left alive would fail every later batch, and
+Ray only retries batches whose actor died. Outside Ray, the batch raises instead.
 """
 from __future__ import annotations
 
@@ -70,8 +75,9 @@ class BlockServeActor:
         """``engine``/``sampling``: EngineConfig / SamplingParams fields (unknown keys raise ValueError);
         ``sort_pending`` defaults to False here (see below).
         ``chat_template``: wrap a raw ``prompt`` string as one user message (``messages`` always gets
-        the template). ``device``: None picks CUDA when present. ``stall_timeout_s``: a batch fails
-        (Ray Data retries it) when the engine has not completed a step for this long.
+        the template). ``device``: None picks CUDA when present. ``stall_timeout_s``: an engine that
+        has not completed a step for this long ends the actor's process (Ray restarts it, Ray Data
+        retries its batches); outside Ray the batch raises.
         ``fail_after_rows``: fault injection for tests; once that many rows are done, the next batch
         crashes the actor (``"crash"``: the process exits, once; Ray restarts it and retries the batch)
         or raises (``"error"``: the job fails)."""
@@ -94,7 +100,8 @@ class BlockServeActor:
         self.instance_id = uuid.uuid4().hex
         self.utilization = UtilizationSampler(self.device)
         self.loop = EngineLoop(self.engine, max_pending=None, stall_timeout_s=stall_timeout_s,
-                               on_cycle=lambda _: self.utilization.maybe_sample()).start()
+                               on_cycle=lambda _: self.utilization.maybe_sample(),
+                               on_death=self._end_process if self.in_ray_actor else None).start()
         self.stats_actor = stats_actor
         self.fail_after_rows = fail_after_rows
         self.fail_mode = fail_mode
@@ -138,13 +145,29 @@ class BlockServeActor:
         return [self._output_row(result) for result in results]
 
     async def _results(self, futures: list[asyncio.Future]) -> list[RequestOutput]:
-        """Await the rows, failing the batch (Ray Data retries it) if the engine loop dies or stalls."""
+        """Await the rows; if the engine loop stalls, end the process (in Ray) or fail the batch."""
         waiting = set(futures)
         while waiting:
             _, waiting = await asyncio.wait(waiting, timeout=HEALTH_CHECK_S)
             if waiting and (problem := self.loop.health_problem()) is not None:
+                if self.in_ray_actor:
+                    self._end_process(problem)
                 raise RuntimeError(f"BlockServeActor {self.actor_id}: {problem}")
         return [future.result() for future in futures]
+
+    @property
+    def in_ray_actor(self) -> bool:
+        return self.actor_id != "local"
+
+    def _end_process(self, problem: BaseException | str) -> None:
+        """Exit so that Ray restarts this actor and retries its batches (the engine cannot recover:
+        after a CUDA error the device context is unusable). Called on the loop thread when it dies,
+        before any batch hears of it, so no batch returns an error that would fail the job."""
+        logger.error("BlockServeActor %s: engine loop is dead or stuck (%s): exiting so that Ray "
+                     "restarts the actor and retries its batches", self.actor_id, problem)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(1)
 
     # -- rows --------------------------------------------------------------------------------------
     def _prepare_row(self, row: dict[str, Any]) -> tuple[Any, SamplingParams] | str:
@@ -206,7 +229,8 @@ class BlockServeActor:
             "rows": self._rows, "error_rows": self._error_rows, "batches": self._batches,
             "busy_s": engine_stats["elapsed_s"], "active_s": self.loop.active_s, "idle_s": self.loop.idle_s,
             "memory_peak_bytes": peak, "memory_peak_kind": peak_kind,
-            "gpu_utilization": self.utilization.mean, "engine": engine_stats,
+            "gpu_utilization": self.utilization.mean,
+            "gpu_utilization_unavailable": self.utilization.unavailable, "engine": engine_stats,
             "samples": {"num_generated_tokens": [s[0] for s in self._samples],
                         "latency_s": [s[1] for s in self._samples]},
         }

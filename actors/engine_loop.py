@@ -9,9 +9,13 @@ A request submitted while a step runs waits in the inbox and joins at the next s
 older submissions, so a Ray Data batch boundary is invisible to the engine (no drain-and-refill bubble).
 Every request has a ``result`` future (the batch actor awaits those); Serve streams its events too.
 Stall detection (``health_problem``), backpressure (``max_pending``, None for unbounded) and the busy /
-idle accounting serve both. ``batching="static"`` turns the loop into the classic static batcher used as
-the baseline: the engine's ``static`` schedule runs each batch to completion, and a new batch starts
-once ``max_batch_size`` requests are waiting or the oldest has waited ``static_batch_timeout_s``.
+idle accounting serve both. A step that raises (a CUDA error) ends the loop: its requests fail with
+:class:`EngineDeadError` and ``health_problem`` says why (Serve's health check replaces the replica);
+``on_death`` runs first, on the loop thread (a Ray Data actor ends its process there, so that Ray
+restarts it and retries its batches). ``batching="static"`` turns the loop into the classic static
+batcher used as the baseline: the engine's ``static`` schedule runs each batch to completion, and a new
+batch starts once ``max_batch_size`` requests are waiting or the oldest has waited
+``static_batch_timeout_s``.
 """
 from __future__ import annotations
 
@@ -102,7 +106,8 @@ class CycleReport:
 class EngineLoop:
     def __init__(self, engine: BlockServeEngine, *, batching: str = "continuous",
                  static_batch_timeout_s: float = 0.05, max_pending: int | None = 64,
-                 stall_timeout_s: float = 120.0, on_cycle: Callable[[CycleReport], None] | None = None):
+                 stall_timeout_s: float = 120.0, on_cycle: Callable[[CycleReport], None] | None = None,
+                 on_death: Callable[[BaseException], None] | None = None):
         if batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
         if batching == "static" and engine.config.schedule != "static":
@@ -116,6 +121,7 @@ class EngineLoop:
         self.max_pending = max_pending
         self.stall_timeout_s = stall_timeout_s
         self.on_cycle = on_cycle
+        self.on_death = on_death
         self._wakeup = threading.Condition()  # guards everything below that both threads touch
         self._inbox: deque[tuple] = deque()
         self._streams: dict[str, RequestStream] = {}
@@ -219,6 +225,11 @@ class EngineLoop:
         except BaseException as error:  # the replica must report unhealthy, not hang its callers
             logger.exception("engine loop died")
             self._failure = error
+            if self.on_death is not None:
+                try:
+                    self.on_death(error)
+                except Exception:  # the callers must still hear of the death
+                    logger.exception("on_death callback failed")
             self._fail_streams(EngineDeadError(f"engine loop died: {type(error).__name__}: {error}"))
 
     def _apply_inbox(self) -> None:

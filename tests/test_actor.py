@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from actors import BlockServeActor
 from engine import SamplingParams
 from tests.pipeline_helpers import REPO_ROOT, demo_rows, freeze_tiny_model
 
@@ -39,8 +40,6 @@ def engine(tiny_model):
 
 @pytest.fixture(scope="module")
 def actor(tiny_model):
-    from actors import BlockServeActor
-
     return BlockServeActor(model=tiny_model, engine=ENGINE, sampling=SAMPLING, chat_template=True,
                            torch_threads=1)
 
@@ -92,7 +91,7 @@ def test_bad_rows_get_an_error_and_the_rest_of_the_batch_is_unaffected(actor, en
     batch = {  # Ray's default numpy format, where a column may hold anything
         "prompt": np.array([good, "", None, 12345, "x" * 3000, good, chat(good), good], dtype=object),
         "sampling_params": np.array([None, None, None, None, None, {"max_tokens": 0}, None,
-                                     {"top_k": 5}], dtype=object),
+                                     {"presence_penalty": 0.5}], dtype=object),
     }
     output = asyncio.run(actor(batch))
     reasons = output["finish_reason"].to_pylist()
@@ -103,7 +102,7 @@ def test_bad_rows_get_an_error_and_the_rest_of_the_batch_is_unaffected(actor, en
     assert "prompt must be" in errors[3]
     assert "exceeds the model's maximum length" in errors[4]
     assert "max_new_tokens must be positive" in errors[5]
-    assert "unsupported key(s) ['top_k']" in errors[7]
+    assert "unsupported key(s) ['presence_penalty']" in errors[7]
     assert errors[0] == "" and errors[6] == ""
     alone = expected_outputs(engine, [good], [32])[0]
     assert output["generated_text"].to_pylist()[0] == alone.text
@@ -123,8 +122,6 @@ def test_per_row_sampling_params_take_vllm_names_and_override_the_defaults(actor
 
 def test_a_prompt_is_raw_text_and_messages_get_the_chat_template(tiny_model, engine):
     """As in Ray's processors and engine.generate: chat wrapping is never implicit for ``prompt``."""
-    from actors import BlockServeActor
-
     raw = BlockServeActor(model=tiny_model, engine=ENGINE, sampling=SAMPLING, torch_threads=1)
     text = demo_rows(1, start=5)[0]["prompt"]
     output = asyncio.run(raw({"prompt": np.array([text, None], dtype=object),
@@ -136,7 +133,6 @@ def test_a_prompt_is_raw_text_and_messages_get_the_chat_template(tiny_model, eng
 
 
 def test_with_should_continue_on_error_false_a_bad_row_fails_the_batch(tiny_model):
-    from actors import BlockServeActor
     from actors.block_serve_actor import RowError
 
     strict = BlockServeActor(model=tiny_model, engine=ENGINE, sampling=SAMPLING, torch_threads=1,
@@ -153,7 +149,6 @@ def test_with_should_continue_on_error_false_a_bad_row_fails_the_batch(tiny_mode
 def users_pipeline(ray_cluster, tiny_model, engine):
     import ray
 
-    from actors import BlockServeActor
     from actors.stats_registry import start_stats_registry
 
     rows = [{"key": r["id"], "question": r["prompt"], "sampling_params": {"max_tokens": 32 + 32 * (i % 2)}}
@@ -202,3 +197,88 @@ def test_one_actor_per_fake_gpu_each_reporting_stats_that_add_up(users_pipeline)
         assert actor["rows"] == sum(o["actor_id"] == actor["actor_id"] for o in outputs)
         assert actor["busy_s"] > 0 and actor["memory_peak_bytes"] > 0
         assert 0 < actor["useful_row_fraction"] <= 1 and actor["gpu_utilization"] is None
+
+
+# --------------------------------------------------------------------------------------------------
+# A step that raises (as a CUDA error does): in Ray, the actor's process ends and Ray retries
+# --------------------------------------------------------------------------------------------------
+
+CUDA_ERROR = "CUDA error: an illegal memory access was encountered (injected by the test)"
+
+
+def raise_cuda_error(batch, arena):
+    raise RuntimeError(CUDA_ERROR)
+
+
+class StepRaisesAtSecondBatch(BlockServeActor):
+    """Test wrapper, not a production feature: in the actor's first incarnation, every engine step
+    from its second batch on raises; a restarted incarnation runs as it is. Batches go one at a time
+    (``max_tasks_in_flight_per_actor=1``), so the first one has been returned when the second starts."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._calls = 0
+
+    async def __call__(self, batch):
+        self._calls += 1
+        if self._calls == 2 and not self.restarted:
+            self.engine.runner.run_step = raise_cuda_error  # the engine is idle between the batches
+        return await super().__call__(batch)
+
+
+def test_the_loop_reports_its_death_before_its_requests_fail(engine):
+    from actors.engine_loop import EngineDeadError, EngineLoop
+    from engine import BlockServeEngine, EngineConfig
+
+    doomed = BlockServeEngine(engine.lm, EngineConfig(**ENGINE))  # its own: a dead engine is not reused
+    doomed.runner.run_step = raise_cuda_error
+    deaths = []
+    loop = EngineLoop(doomed, on_death=lambda error: deaths.append((error, result.done()))).start()
+    try:
+        result = loop.submit(chat("count from 1 to 3"), SamplingParams(max_new_tokens=32), stream=False).result
+        with pytest.raises(EngineDeadError, match="illegal memory access"):
+            result.result(120)
+    finally:
+        loop.stop()
+    assert [(str(error), done) for error, done in deaths] == [(CUDA_ERROR, False)]
+
+
+def test_outside_ray_a_step_that_raises_fails_the_batch_and_the_process_lives(tiny_model):
+    from actors.engine_loop import EngineDeadError
+
+    local = BlockServeActor(model=tiny_model, engine=ENGINE, sampling=SAMPLING, torch_threads=1)
+    local.engine.runner.run_step = raise_cuda_error
+    with pytest.raises(EngineDeadError, match="illegal memory access"):
+        asyncio.run(local({"prompt": np.array(["count from 1 to 3"], dtype=object)}))
+
+
+def test_a_step_that_raises_in_a_ray_data_actor_restarts_it_and_every_row_is_written_once(
+        ray_cluster, tiny_model, engine):
+    import ray
+
+    from actors.stats_registry import start_stats_registry
+    from pipeline.stats import aggregate
+
+    rows = [{"key": r["id"], "question": r["prompt"]} for r in demo_rows(12, start=60)]
+    registry_name = f"stats-{uuid.uuid4().hex[:8]}"
+    registry = start_stats_registry(registry_name)
+    ds = ray.data.from_items(rows).map_batches(
+        StepRaisesAtSecondBatch, batch_size=4, num_cpus=0.25,
+        compute=ray.data.ActorPoolStrategy(size=1, max_concurrent_calls_per_actor=1,
+                                           max_tasks_in_flight_per_actor=1),
+        fn_constructor_kwargs={"model": tiny_model, "engine": ENGINE, "sampling": SAMPLING,
+                               "prompt_column": "question", "chat_template": True, "torch_threads": 1,
+                               "stats_actor": registry_name})
+    ds.context.wait_for_min_actors_s = 300
+    outputs = ds.take_all()
+    snapshots = ray.get(registry.collect.remote())
+    ray.kill(registry)
+
+    assert sorted(o["key"] for o in outputs) == sorted(r["key"] for r in rows)  # each once: a complete job
+    alone = expected_outputs(engine, [r["question"] for r in rows], [32] * len(rows))
+    expected = {row["key"]: output.text for row, output in zip(rows, alone)}
+    assert all(o["__inference_error__"] == "" and o["generated_text"] == expected[o["key"]] for o in outputs)
+    stats = aggregate(snapshots, wall_s=1.0, bin_tokens=32)
+    assert stats["totals"]["restarts"] == 1 and stats["per_actor"][0]["incarnations"] == 2
+    first, restarted = sorted(snapshots, key=lambda s: s["restarted"])
+    assert (first["restarted"], first["rows"], restarted["restarted"], restarted["rows"]) == (False, 4, True, 8)
