@@ -15,7 +15,7 @@ from actors.openai_protocol import OpenAIError
 
 # fields whose meaning BlockServe implements (README: "OpenAI request fields")
 HONOURED_COMMON = ("model", "max_tokens", "temperature", "seed", "stop", "stream", "stream_options",
-                   "ignore_eos")
+                   "ignore_eos", "top_p", "top_k", "logit_bias")
 HONOURED_COMPLETION = HONOURED_COMMON + ("prompt",)
 HONOURED_CHAT = HONOURED_COMMON + ("messages", "max_completion_tokens")
 # labels for the caller's own bookkeeping: accepted, and they cannot change an answer
@@ -33,9 +33,6 @@ REFUSED_COMMON: dict[str, Refused] = {
     "n": Refused((1,), "one choice per request"),
     "presence_penalty": Refused((0, 0.0), _NO_PENALTIES),
     "frequency_penalty": Refused((0, 0.0), _NO_PENALTIES),
-    "top_p": Refused((1, 1.0), "nucleus sampling is not implemented yet"),
-    "top_k": Refused((-1, 0), "top-k sampling is not implemented yet"),
-    "logit_bias": Refused(({},), "logit bias is not implemented yet"),
     "stream_options.include_obfuscation": Refused((False,), "stream chunks are not padded"),
 }
 REFUSED_COMPLETION: dict[str, Refused] = REFUSED_COMMON | {

@@ -62,6 +62,9 @@ class _Request(BaseModel):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False  # vLLM's extension: run to max_tokens
+    top_p: float | None = Field(None, gt=0.0, le=1.0)  # sampled rows: nucleus (1: off)
+    top_k: int | None = Field(None, ge=-1)  # vLLM's extension, sampled rows (-1 or 0: off)
+    logit_bias: dict[str, float] | None = None  # token id (as a JSON key) -> bias in [-100, 100]
     # the caller's labels: accepted, they cannot change an answer
     user: str | None = None
     safety_identifier: str | None = None
@@ -71,9 +74,6 @@ class _Request(BaseModel):
     n: Any = None
     presence_penalty: Any = None
     frequency_penalty: Any = None
-    top_p: Any = None
-    top_k: Any = None  # vLLM's extension
-    logit_bias: Any = None
     logprobs: Any = None
 
     def stop_strings(self) -> list[str]:
@@ -83,6 +83,19 @@ class _Request(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def token_bias(self) -> dict[int, float] | None:
+        """``logit_bias`` with int token ids; a 400 naming it for a key that is not one or a bias
+        outside OpenAI's [-100, 100]."""
+        if not self.logit_bias:
+            return None
+        bias = {}
+        for key, value in self.logit_bias.items():
+            if not key.isdigit() or not -100 <= value <= 100:
+                raise OpenAIError(f"logit_bias: {key!r}: {value} needs a token id key and a bias in "
+                                  "[-100, 100]", param="logit_bias", code="invalid_value")
+            bias[int(key)] = value
+        return bias
 
     def field_values(self) -> dict[str, Any]:
         """Every field as sent (unset ones as their defaults), for ``openai_fields.check_refused``."""

@@ -138,7 +138,13 @@ class OpenAIServer:
             raise OpenAIError(f"{prompt_param}: {error}", param=prompt_param, code="invalid_value")
         self._check_width(len(prompt_ids), max_tokens, param, prompt_param)
         params = SamplingParams(max_new_tokens=max_tokens, temperature=body.temperature, seed=body.seed,
-                                stop_at_eos=not body.ignore_eos)
+                                stop_at_eos=not body.ignore_eos, top_k=max(body.top_k or 0, 0),
+                                top_p=1.0 if body.top_p is None else body.top_p,
+                                logit_bias=body.token_bias())
+        bad_ids = [token for token in params.logit_bias or () if token >= self.lm.vocab_size]
+        if bad_ids:
+            raise OpenAIError(f"logit_bias: token ids outside the vocabulary [0, {self.lm.vocab_size}): "
+                              f"{bad_ids[:5]}", param="logit_bias", code="invalid_value")
         request_id = new_id("chatcmpl" if chat else "cmpl")
         try:
             stream = self.loop.submit(prompt_ids, params, request_id)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.logit_processors import RowBias, TokenFilters, dense_bias
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
 from engine.request import Request
@@ -42,6 +43,8 @@ class StepBatch:
     noise_keys: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # seeds, global steps, canvas
     # positions of the sampled rows (see decoding.gumbel_noise)
     temperatures: torch.Tensor | None  # [len(sampled_rows)]
+    filters: TokenFilters | None  # top-k / top-p of the sampled rows (None: none asks for them)
+    bias: RowBias | None  # logit bias of the rows that have one (None: none has)
     record: ForwardRecord
 
     @property
@@ -57,6 +60,7 @@ class RowArena:
         device = lm.device
         self.width, self.block_length, self.cache_mode = width, block_length, cache_mode
         self.mask_id, self.pad_id, self.logit_shift = lm.tokens.mask_id, lm.tokens.pad_id, lm.logit_shift
+        self.vocab_size = lm.vocab_size
         self.window_lookback = window_lookback  # columns a window starts before the block (<= logit_shift)
         self.kv = KVArena(lm.model.config, slots, width, lm.dtype, device) if cache_mode != "none" else None
         self.key_mask = (self.kv.key_mask if self.kv is not None
@@ -125,11 +129,29 @@ class RowArena:
             noise_keys = (seeds, block_indices * self.block_length + picked_steps,
                           block_indices[:, None] * self.block_length + self._block_offsets)
             temperatures = self._to_device([float(r.params.temperature) for r in picked], dtype=torch.float32)[0]
+        filters, bias = self._filters(picked), self._bias(rows)
         return StepBatch(
             request_ids=[r.request_id for r in rows], refresh=refresh_part, window=window_part, slots=slots,
             block_columns=block_starts[:, None] + self._block_offsets, steps=steps,
             sampled_rows=sampled_rows if sampled else None, noise_keys=noise_keys, temperatures=temperatures,
+            filters=filters, bias=bias,
             record=self._record(refresh, window, refresh_part, window_part))
+
+    def _filters(self, sampled: Sequence[Request]) -> TokenFilters | None:
+        """Top-k / top-p tensors for the sampled rows, only when one of them asks (no cost otherwise)."""
+        if not any(r.params.filters_tokens for r in sampled):
+            return None
+        (top_k,) = self._to_device([r.params.top_k for r in sampled])
+        (top_p,) = self._to_device([float(r.params.top_p) for r in sampled], dtype=torch.float64)
+        return TokenFilters(top_k=top_k, top_p=top_p)
+
+    def _bias(self, rows: Sequence[Request]) -> RowBias | None:
+        biased = [index for index, r in enumerate(rows) if r.params.logit_bias]
+        if not biased:
+            return None
+        values = dense_bias([rows[index].params.logit_bias for index in biased], self.vocab_size,
+                            torch.float64, self.tokens.device)
+        return RowBias(rows=self._to_device(biased)[0], values=values)
 
     def _to_device(self, *lists: list, dtype: torch.dtype = torch.long) -> list[torch.Tensor]:
         """Host lists to device tensors in ONE copy that does not wait for the device (pinned memory on

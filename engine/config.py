@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 SCHEDULES = ("step", "block", "static", "shrink")
@@ -127,6 +128,16 @@ class SamplingParams:
     temperature: float = 0.0
     seed: int | None = None
     stop_at_eos: bool = True  # False: run to the block cap (benchmarks with length caps)
+    # sampled rows only (engine/logit_processors.py): keep the top_k tokens (0: all), then the smallest
+    # set reaching probability top_p (1.0: all)
+    top_k: int = 0
+    top_p: float = 1.0
+    logit_bias: Mapping[int, float] | None = None  # token id -> added to its logit, every row's step
+
+    @property
+    def filters_tokens(self) -> bool:
+        """Top-k / top-p change this request's draws (greedy decoding never needs them)."""
+        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
 
     def validation_error(self) -> str | None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -139,6 +150,16 @@ class SamplingParams:
             return f"temperature must be in [0, 100], got {self.temperature}"
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             return f"seed must be an int or None, got {type(self.seed).__name__}"
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            return f"top_k must be an int >= 0 (0: off), got {self.top_k!r}"
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            return f"top_p must be in (0, 1], got {self.top_p!r}"
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, Mapping) or not all(
+                    isinstance(token, int) and not isinstance(token, bool) and token >= 0
+                    and isinstance(bias, (int, float)) and not isinstance(bias, bool) and -100 <= bias <= 100
+                    for token, bias in self.logit_bias.items()):
+                return "logit_bias must map token ids (ints >= 0) to numbers in [-100, 100]"
         return None
 
     @classmethod

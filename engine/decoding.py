@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.logit_processors import RowBias, TokenFilters, apply_logit_bias, filter_top_k_top_p
+
 _HASH_MULTIPLIER = 0x45D9F3B
 _UINT32 = 0xFFFFFFFF
 # Dream's alg -> the score its positions are ranked by (see propose_tokens)
@@ -115,10 +117,11 @@ class Sampling:
     rows: torch.Tensor  # [k] row indices
     temperatures: torch.Tensor  # [k]
     noise: torch.Tensor  # [k, block, vocab] from :func:`gumbel_noise`
+    filters: TokenFilters | None = None  # top-k / top-p of these rows (None: no row asks for them)
 
 
 def propose_tokens(logits: torch.Tensor, mask_id: int, sampling: Sampling | None = None,
-                   measure: str = "probability"):
+                   measure: str = "probability", bias: RowBias | None = None):
     """Candidate token ``x0`` and its confidence per position.
 
     logits [rows, block, vocab], overwritten in place (MASK's column). MASK is never a candidate.
@@ -128,12 +131,17 @@ def propose_tokens(logits: torch.Tensor, mask_id: int, sampling: Sampling | None
     """
     compute_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     logits = logits.to(compute_dtype)
+    if bias is not None:  # before everything: candidates, confidence and draws see the biased logits
+        logits = apply_logit_bias(logits, bias.rows, bias.values)
     scores = None if measure == "probability" else distribution_scores(logits, measure)
     log_normalizer = torch.logsumexp(logits, dim=-1) if scores is None else None
     logits[..., mask_id] = float("-inf")
     candidates = logits.argmax(dim=-1)
     if sampling is not None:
-        scaled = logits[sampling.rows] / sampling.temperatures.to(compute_dtype)[:, None, None] + sampling.noise
+        scaled = logits[sampling.rows] / sampling.temperatures.to(compute_dtype)[:, None, None]
+        if sampling.filters is not None:
+            scaled = filter_top_k_top_p(scaled, sampling.filters)
+        scaled = scaled + sampling.noise
         candidates[sampling.rows] = scaled.argmax(dim=-1)
     if scores is not None:
         return candidates, scores

@@ -87,6 +87,9 @@ class BlockServeEngine:
         problem = request.params.validation_error()
         if problem:
             return problem
+        if request.params.logit_bias and max(request.params.logit_bias) >= self.lm.vocab_size:
+            return f"logit_bias: token id {max(request.params.logit_bias)} is outside the vocabulary " \
+                   f"[0, {self.lm.vocab_size})"
         request.cap_blocks = blocks_needed(request.params.max_new_tokens, self.config.block_length)
         request.canvas_blocks = request.cap_blocks
         canvas = request.cap_blocks * self.config.block_length

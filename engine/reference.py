@@ -32,6 +32,7 @@ import torch
 from engine.config import blocks_needed
 from engine.decoding import (DecodeRule, Sampling, commits_first_position_first, gumbel_noise, propose_tokens,
                              select_commits)
+from engine.logit_processors import RowBias, TokenFilters, dense_bias
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
 
@@ -55,7 +56,8 @@ def trim_at_stop(token_ids: list[int], stop_ids: tuple[int, ...]) -> tuple[list[
 def reference_generate(
     lm: DiffusionLM, prompt_ids: list[int], *, max_new_tokens: int = 256, block_length: int = 32,
     rule: DecodeRule = DecodeRule("threshold"), cache: str = "dual", temperature: float = 0.0,
-    seed: int = 0, stop_at_eos: bool = True, shifted_decoding: str = "fast-dllm",
+    seed: int = 0, stop_at_eos: bool = True, shifted_decoding: str = "fast-dllm", top_k: int = 0,
+    top_p: float = 1.0, logit_bias: dict[int, float] | None = None,
 ) -> ReferenceResult:
     if not prompt_ids:
         raise ValueError("prompt is empty")
@@ -104,10 +106,19 @@ def reference_generate(
                 canvas_positions = torch.arange(block * block_length, (block + 1) * block_length,
                                                 device=device)[None]
                 global_step = torch.tensor([block * block_length + step], device=device)
+                filters = None
+                if top_k > 0 or top_p < 1.0:
+                    filters = TokenFilters(top_k=torch.tensor([top_k], device=device),
+                                           top_p=torch.tensor([float(top_p)], dtype=torch.float64, device=device))
                 sampling = Sampling(rows=torch.tensor([0], device=device),
                                     temperatures=torch.tensor([float(temperature)], device=device),
-                                    noise=gumbel_noise(seeds, global_step, canvas_positions, logits.shape[-1]))
-            candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=rule.measure)
+                                    noise=gumbel_noise(seeds, global_step, canvas_positions, logits.shape[-1]),
+                                    filters=filters)
+            bias = None
+            if logit_bias:
+                bias = RowBias(rows=torch.tensor([0], device=device),
+                               values=dense_bias([logit_bias], logits.shape[-1], torch.float64, device))
+            candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=rule.measure, bias=bias)
             masked = canvas[:, start:end] == mask_id
             commit = select_commits(rule, confidence, masked, torch.tensor([step], device=device),
                                     torch.tensor([block_length], device=device))

@@ -46,8 +46,9 @@ class ModelRunner:
         sampling = None
         if batch.sampled_rows is not None:
             sampling = Sampling(rows=batch.sampled_rows, temperatures=batch.temperatures,
-                                noise=gumbel_noise(*batch.noise_keys, logits.shape[-1]))
-        candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=self.rule.measure)
+                                noise=gumbel_noise(*batch.noise_keys, logits.shape[-1]), filters=batch.filters)
+        candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=self.rule.measure,
+                                                bias=batch.bias)
         masks_at_start = torch.full_like(batch.steps, self.block_length)  # a block starts all masks
         commit = select_commits(self.rule, confidence, masked, batch.steps, masks_at_start)
         blocks = torch.where(commit, candidates, blocks)

@@ -46,6 +46,12 @@ def server(tmp_path_factory):
     loop.stop()
 
 
+@pytest.fixture(scope="module")
+def reference(server) -> BlockServeEngine:
+    """An engine of its own on the server's model (the server's engine belongs to its loop thread)."""
+    return BlockServeEngine(server.loop.engine.lm, EngineConfig(**ENGINE))
+
+
 def ask(server, body: dict[str, Any]):
     """The response to ``body`` (a chat body when it has messages), or the OpenAIError it gets."""
     chat = "messages" in body
@@ -114,8 +120,8 @@ def test_labels_are_accepted_and_change_nothing(server):
     assert labelled.choices[0].text == plain.choices[0].text
 
 
-def test_chat_content_parts_are_joined_with_newlines(server):
-    engine = server.loop.engine
+def test_chat_content_parts_are_joined_with_newlines(server, reference):
+    engine = reference
     parts = [{"type": "text", "text": "count from"}, {"type": "text", "text": "3 to 12"}]
     answer = ask(server, {"messages": [{"role": "user", "content": parts}], "max_tokens": 32})
     expected = engine.generate([user("count from\n3 to 12")], SamplingParams(max_new_tokens=32))[0]
@@ -148,3 +154,28 @@ def test_a_prompt_that_cannot_fit_is_refused_by_its_character_count(server):
     assert error.code == "context_length_exceeded" and "12000 characters" in error.message
     error = ask(server, {"messages": user("y" * 60_000)})
     assert isinstance(error, OpenAIError) and error.param == "messages" and "60000 characters" in error.message
+
+
+def test_top_k_and_top_p_are_honoured_as_the_engine_honours_them(server, reference):
+    sampled = {"temperature": 1.0, "seed": 11, "top_k": 3, "top_p": 0.8}
+    answer = ask(server, {"prompt": "count from 2 to 9", "max_tokens": 32, **sampled})
+    expected = reference.generate(["count from 2 to 9"], SamplingParams(max_new_tokens=32, **sampled))[0]
+    assert answer.choices[0].text == expected.text
+    off = ask(server, {"prompt": "count from 2 to 9", "max_tokens": 32, "temperature": 1.0, "seed": 11,
+                       "top_k": -1, "top_p": 1})
+    plain = reference.generate(["count from 2 to 9"], SamplingParams(max_new_tokens=32, temperature=1.0,
+                                                                     seed=11))[0]
+    assert off.choices[0].text == plain.text
+    for bad in ({"top_p": 0}, {"top_p": 1.5}, {"top_k": -2}):
+        error = ask(server, {"prompt": "count from 2 to 9", **bad})
+        assert isinstance(error, OpenAIError) and error.param == next(iter(bad))
+
+
+def test_logit_bias_is_honoured_and_bad_keys_are_a_400(server, reference):
+    seven = reference.lm.tokenizer.convert_tokens_to_ids("7")
+    answer = ask(server, {"messages": user("count from 1 to 5"), "max_tokens": 32, "ignore_eos": True,
+                          "logit_bias": {str(seven): 100}})
+    assert answer.choices[0].message.content == " ".join(["7"] * 32)
+    for bad in ({"x": 1}, {str(seven): 101}, {str(reference.lm.vocab_size): 1}):
+        error = ask(server, {"prompt": "count from 2 to 9", "logit_bias": bad})
+        assert isinstance(error, OpenAIError) and error.param == "logit_bias", bad
