@@ -16,8 +16,8 @@ from actors.openai_protocol import OpenAIError
 # fields whose meaning BlockServe implements (README: "OpenAI request fields")
 HONOURED_COMMON = ("model", "max_tokens", "temperature", "seed", "stop", "stream", "stream_options",
                    "ignore_eos", "top_p", "top_k", "logit_bias")
-HONOURED_COMPLETION = HONOURED_COMMON + ("prompt",)
-HONOURED_CHAT = HONOURED_COMMON + ("messages", "max_completion_tokens")
+HONOURED_COMPLETION = HONOURED_COMMON + ("prompt", "logprobs")
+HONOURED_CHAT = HONOURED_COMMON + ("messages", "max_completion_tokens", "logprobs", "top_logprobs")
 # labels for the caller's own bookkeeping: accepted, and they cannot change an answer
 LABELS = ("user", "safety_identifier", "prompt_cache_key", "metadata")
 
@@ -39,11 +39,8 @@ REFUSED_COMPLETION: dict[str, Refused] = REFUSED_COMMON | {
     "best_of": Refused((1,), "one candidate per request"),
     "echo": Refused((False,), "the prompt is not echoed"),
     "suffix": Refused(("",), "insertion (text after the completion) is not supported"),
-    "logprobs": Refused((), "log-probabilities are not implemented yet"),
 }
 REFUSED_CHAT: dict[str, Refused] = REFUSED_COMMON | {
-    "logprobs": Refused((False,), "log-probabilities are not implemented yet"),
-    "top_logprobs": Refused((), "log-probabilities are not implemented yet"),
     "tools": Refused(([],), "tool calling is not supported"),
     "tool_choice": Refused(("none",), "tool calling is not supported"),
     "parallel_tool_calls": Refused((True, False), "tool calling is not supported"),

@@ -17,8 +17,10 @@ import uuid
 from typing import Any, Literal
 
 from openai.types import Completion, CompletionChoice, CompletionUsage, Model
+from openai.types.completion_choice import Logprobs
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice as ChatChoice
+from openai.types.chat.chat_completion import ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,7 +76,6 @@ class _Request(BaseModel):
     n: Any = None
     presence_penalty: Any = None
     frequency_penalty: Any = None
-    logprobs: Any = None
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -107,6 +108,7 @@ class _Request(BaseModel):
 
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str]
+    logprobs: int | None = Field(None, ge=0, le=5)  # N: each token's and the N most likely (OpenAI's 5)
     best_of: Any = None
     echo: Any = None
     suffix: Any = None
@@ -159,7 +161,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
-    top_logprobs: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # needs logprobs: true
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
@@ -212,7 +215,8 @@ def token_usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
 
 
 def completion(request_id: str, model: str, text: str | None, finish: FinishReason | None, *,
-               usage: CompletionUsage | None = None, info: BlockServeInfo | None = None) -> Completion:
+               usage: CompletionUsage | None = None, info: BlockServeInfo | None = None,
+               logprobs: Logprobs | None = None) -> Completion:
     """A completion or one of its stream chunks (OpenAI streams legacy completions as Completions too);
     ``text=None`` is the usage-only chunk, with no choice."""
     if text is None:
@@ -220,16 +224,18 @@ def completion(request_id: str, model: str, text: str | None, finish: FinishReas
     elif finish is None:  # a mid-stream chunk: the type wants a reason, OpenAI's own stream sends null
         choices = [CompletionChoice.model_construct(index=0, text=text, logprobs=None, finish_reason=None)]
     else:
-        choices = [CompletionChoice(index=0, text=text, finish_reason=finish)]
+        choices = [CompletionChoice(index=0, text=text, finish_reason=finish, logprobs=logprobs)]
     return Completion(id=request_id, object="text_completion", created=now_s(), model=model,
                       choices=choices, usage=usage, **_extra(info))
 
 
 def chat_completion(request_id: str, model: str, text: str, finish: FinishReason, *,
-                    usage: CompletionUsage, info: BlockServeInfo) -> ChatCompletion:
+                    usage: CompletionUsage, info: BlockServeInfo,
+                    logprobs: ChoiceLogprobs | None = None) -> ChatCompletion:
     message = ChatCompletionMessage(role="assistant", content=text)
     return ChatCompletion(id=request_id, object="chat.completion", created=now_s(), model=model,
-                          choices=[ChatChoice(index=0, message=message, finish_reason=finish)],
+                          choices=[ChatChoice(index=0, message=message, finish_reason=finish,
+                                              logprobs=logprobs)],
                           usage=usage, **_extra(info))
 
 

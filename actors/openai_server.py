@@ -19,6 +19,7 @@ from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from pydantic import BaseModel
 from transformers import PreTrainedTokenizerBase
 
+from actors.openai_logprobs import chat_logprobs, completion_logprobs, within_text
 from actors.openai_fields import REFUSED_CHAT, REFUSED_COMPLETION, check_refused
 from actors.engine_loop import EngineDeadError, EngineLoop, QueueFullError, RequestStream
 from actors.openai_protocol import (
@@ -75,6 +76,7 @@ class Job:
     prompt_tokens: int
     chat: bool
     include_usage: bool
+    logprobs: bool = False  # the response carries them (so a stop string does not end it early)
 
 
 class OpenAIServer:
@@ -96,18 +98,23 @@ class OpenAIServer:
 
     async def completions(self, body: CompletionRequest) -> Completion | AsyncIterator[str]:
         job = await self._submit(body, body.prompt_input(), "prompt",
-                                 (body.max_tokens, "max_tokens"), chat=False)
+                                 (body.max_tokens, "max_tokens"), chat=False, logprobs=body.logprobs)
         return self._stream_events(job) if body.stream else await self._collect(job)
 
     async def chat(self, body: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[str]:
         max_tokens = ((body.max_tokens, "max_tokens") if body.max_tokens is not None
                       else (body.max_completion_tokens, "max_completion_tokens"))
-        job = await self._submit(body, body.prompt_input(), "messages", max_tokens, chat=True)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise OpenAIError("top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        job = await self._submit(body, body.prompt_input(), "messages", max_tokens, chat=True,
+                                 logprobs=logprobs)
         return self._stream_events(job) if body.stream else await self._collect(job)
 
     # -- admission ---------------------------------------------------------------------------------
     async def _submit(self, body: CompletionRequest | ChatCompletionRequest, prompt: Prompt,
-                      prompt_param: str, max_tokens: tuple[int | None, str], chat: bool) -> Job:
+                      prompt_param: str, max_tokens: tuple[int | None, str], chat: bool,
+                      logprobs: int | None) -> Job:
         """Check, tokenize and queue a request; every problem is an OpenAIError naming its field.
 
         Tokenizing runs in a worker thread (Hugging Face tokenizers release the GIL), so a long prompt
@@ -116,6 +123,9 @@ class OpenAIServer:
             raise OpenAIError(f"model {body.model!r} is not served here (this server serves "
                               f"{self.model_name!r})", param="model", code="model_not_found")
         check_refused(body.field_values(), REFUSED_CHAT if chat else REFUSED_COMPLETION)
+        if logprobs is not None and body.stream:
+            raise OpenAIError("logprobs are not streamed (yet): ask without stream", param="logprobs",
+                              code="unsupported_parameter")
         stops = body.stop_strings()
         if len(stops) > MAX_STOP_STRINGS:
             raise OpenAIError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}",
@@ -140,7 +150,7 @@ class OpenAIServer:
         params = SamplingParams(max_new_tokens=max_tokens, temperature=body.temperature, seed=body.seed,
                                 stop_at_eos=not body.ignore_eos, top_k=max(body.top_k or 0, 0),
                                 top_p=1.0 if body.top_p is None else body.top_p,
-                                logit_bias=body.token_bias())
+                                logit_bias=body.token_bias(), logprobs=logprobs)
         bad_ids = [token for token in params.logit_bias or () if token >= self.lm.vocab_size]
         if bad_ids:
             raise OpenAIError(f"logit_bias: token ids outside the vocabulary [0, {self.lm.vocab_size}): "
@@ -157,7 +167,7 @@ class OpenAIServer:
         except EngineDeadError as error:
             raise OpenAIError(str(error), status=503, type="server_error", code="engine_unavailable")
         return Job(stream, TextStream(self.lm.tokenizer, stops), len(prompt_ids), chat,
-                   body.include_usage)
+                   body.include_usage, logprobs is not None)
 
     def _check_width(self, prompt_tokens: int, max_tokens: int, param: str, prompt_param: str) -> None:
         """The engine's row is prompt + max_tokens rounded up to whole blocks: it must fit."""
@@ -186,8 +196,9 @@ class OpenAIServer:
                 output = event.output
                 if job.text.stopped:
                     finish = "stop"
-                    break
-                if output is not None:
+                    if not job.logprobs:  # else run on: the last event carries the log-probabilities
+                        break
+                elif output is not None:
                     finish = self._finish_reason(output)
         except EngineDeadError as error:
             raise OpenAIError(str(error), status=503, type="server_error", code="engine_unavailable")
@@ -197,7 +208,13 @@ class OpenAIServer:
         job.text.flush()
         build = chat_completion if job.chat else completion
         return build(job.stream.request_id, self.model_name, job.text.text, finish,
-                     usage=self._usage(job), info=self._info(job, output))
+                     usage=self._usage(job), info=self._info(job, output), logprobs=self._logprobs(job, output))
+
+    def _logprobs(self, job: Job, output: RequestOutput | None):
+        if not job.logprobs or output is None or output.logprobs is None:
+            return None
+        entries = within_text(self.lm.tokenizer, output.logprobs, job.text.text)
+        return (chat_logprobs if job.chat else completion_logprobs)(self.lm.tokenizer, entries)
 
     async def _stream_events(self, job: Job) -> AsyncIterator[str]:
         finish, first = None, True

@@ -15,7 +15,8 @@ from actors.batch_rows import is_missing
 from engine import SamplingParams
 
 VLLM_NAMES = {"max_tokens": "max_new_tokens"}  # vLLM name -> ours; ignore_eos is handled below
-OUR_NAMES = tuple(field.name for field in dataclasses.fields(SamplingParams))
+NOT_PER_ROW = ("logprobs",)  # the output has no column for them yet: refused, not dropped
+OUR_NAMES = tuple(field.name for field in dataclasses.fields(SamplingParams) if field.name not in NOT_PER_ROW)
 SUPPORTED = tuple(sorted({*VLLM_NAMES, *OUR_NAMES, "ignore_eos"}))
 
 

@@ -45,6 +45,9 @@ class StepBatch:
     temperatures: torch.Tensor | None  # [len(sampled_rows)]
     filters: TokenFilters | None  # top-k / top-p of the sampled rows (None: none asks for them)
     bias: RowBias | None  # logit bias of the rows that have one (None: none has)
+    logprob_rows: torch.Tensor | None  # [r] rows whose request wants log-probabilities (None: none)
+    num_top_logprobs: int  # the most alternatives one of them wants
+    logprob_counts: list[int]  # the alternatives each of them wants (host side)
     record: ForwardRecord
 
     @property
@@ -130,11 +133,15 @@ class RowArena:
                           block_indices[:, None] * self.block_length + self._block_offsets)
             temperatures = self._to_device([float(r.params.temperature) for r in picked], dtype=torch.float32)[0]
         filters, bias = self._filters(picked), self._bias(rows)
+        wants_logprobs = [index for index, r in enumerate(rows) if r.params.logprobs is not None]
         return StepBatch(
             request_ids=[r.request_id for r in rows], refresh=refresh_part, window=window_part, slots=slots,
             block_columns=block_starts[:, None] + self._block_offsets, steps=steps,
             sampled_rows=sampled_rows if sampled else None, noise_keys=noise_keys, temperatures=temperatures,
             filters=filters, bias=bias,
+            logprob_rows=self._to_device(wants_logprobs)[0] if wants_logprobs else None,
+            num_top_logprobs=max((rows[index].params.logprobs for index in wants_logprobs), default=0),
+            logprob_counts=[rows[index].params.logprobs for index in wants_logprobs],
             record=self._record(refresh, window, refresh_part, window_part))
 
     def _filters(self, sampled: Sequence[Request]) -> TokenFilters | None:

@@ -133,6 +133,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     logit_bias: Mapping[int, float] | None = None  # token id -> added to its logit, every row's step
+    logprobs: int | None = None  # N: each output token's log-probability and N alternatives (None: off)
 
     @property
     def filters_tokens(self) -> bool:
@@ -160,6 +161,9 @@ class SamplingParams:
                     and isinstance(bias, (int, float)) and not isinstance(bias, bool) and -100 <= bias <= 100
                     for token, bias in self.logit_bias.items()):
                 return "logit_bias must map token ids (ints >= 0) to numbers in [-100, 100]"
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= 20):
+            return f"logprobs must be None or an int in [0, 20], got {self.logprobs!r}"
         return None
 
     @classmethod

@@ -16,7 +16,7 @@ from engine.memory import check_arena_fits
 from engine.models.loader import DiffusionLM, load_model
 from engine.prompts import Prompt, PromptTooLongError, encode_prompt
 from engine.reference import trim_at_stop
-from engine.request import Request, RequestOutput, RequestStatus
+from engine.request import Request, RequestOutput, RequestStatus, TokenLogprob
 from engine.runner import ModelRunner, StepOutput
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.stats import EngineStats, StatsCollector
@@ -165,6 +165,9 @@ class BlockServeEngine:
         rows = {request.request_id: request for request in (*plan.refresh, *plan.window)}
         completed = {request_id: rows[request_id] for request_id, result in output.rows.items()
                      if result.block_complete}
+        for request_id, request in completed.items():
+            if output.rows[request_id].block_logprobs is not None:
+                request.committed_logprobs.append(output.rows[request_id].block_logprobs)
         self.stats_collector.record_step(
             record, useful_rows=sum(request.is_decoding_own_output for request in rows.values()),
             unfinished_requests=sum(request.is_decoding_own_output for request in self.scheduler.running),
@@ -197,7 +200,15 @@ class BlockServeEngine:
             finish_reason=request.status.finish_reason, error=request.error,
             num_blocks=request.output_blocks, num_steps=request.num_steps,
             arrival_time=request.arrival_time, first_scheduled_time=request.first_scheduled_time,
-            finish_time=request.finish_time)
+            finish_time=request.finish_time, logprobs=self._output_logprobs(request, len(token_ids)))
+
+    @staticmethod
+    def _output_logprobs(request: Request, num_tokens: int) -> list[TokenLogprob] | None:
+        """One per output token (the committed blocks' log-probabilities, trimmed as the tokens are)."""
+        if request.params.logprobs is None or request.status == RequestStatus.FINISHED_ERROR:
+            return None
+        own = request.committed_logprobs[:request.cap_blocks]
+        return [entry for block in own for entry in block][:num_tokens]
 
     # -- conveniences ------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -49,9 +49,10 @@ def dense_bias(biases: Sequence[Mapping[int, float]], vocab_size: int, dtype: to
 
 
 def apply_logit_bias(logits: torch.Tensor, rows: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """logits [rows, block, vocab] with ``bias`` [len(rows), vocab] added to ``rows`` (in place)."""
-    logits[rows] += bias.to(logits.dtype)[:, None, :]
-    return logits
+    """logits [rows, block, vocab] with ``bias`` [len(rows), vocab] added to ``rows`` (a new tensor: the
+    caller's logits stay the model's)."""
+    added = bias.to(logits.dtype)[:, None, :].expand(-1, logits.shape[1], -1)
+    return logits.index_add(0, rows, added)
 
 
 def filter_top_k_top_p(scaled: torch.Tensor, filters: TokenFilters) -> torch.Tensor:
@@ -68,3 +69,47 @@ def filter_top_k_top_p(scaled: torch.Tensor, filters: TokenFilters) -> torch.Ten
     kept[..., 0] = True  # the most likely token always survives
     smallest_kept = ordered.masked_fill(~kept, float("inf")).amin(dim=-1, keepdim=True)
     return scaled.masked_fill(scaled < smallest_kept, float("-inf"))
+
+
+# -- log-probabilities -------------------------------------------------------------------------------
+MAX_TOP_LOGPROBS = 20  # OpenAI's own limit
+
+
+def token_logprobs(logits: torch.Tensor, mask_id: int, tokens: torch.Tensor, num_top: int,
+                   bias: torch.Tensor | None = None):
+    """Log-probabilities under the model's distribution over every token but MASK (never a candidate),
+    with the row's logit bias and without temperature, top-k or top-p.
+
+    logits [r, block, vocab] (not modified); tokens [r, block]; bias [r, vocab] or None.
+    Returns (of ``tokens`` [r, block], the ``num_top`` largest [r, block, num_top], their ids).
+    """
+    scores = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)[:, None, :]
+    scores = scores.index_fill(-1, torch.tensor([mask_id], device=scores.device), float("-inf"))
+    logprobs = torch.log_softmax(scores, dim=-1)
+    chosen = logprobs.gather(-1, tokens[..., None]).squeeze(-1)
+    top = logprobs.topk(num_top, dim=-1) if num_top else None
+    empty = logprobs.new_zeros((*tokens.shape, 0))
+    return chosen, (top.values if top else empty), (top.indices if top else empty.long())
+
+
+class LogprobBuffer:
+    """Each slot's active block: the log-probabilities of its positions, written at the step each was
+    committed, read once the block completes. Allocated on first use (no cost for other requests)."""
+
+    def __init__(self, slots: int, block_length: int, device: torch.device):
+        shape = (slots, block_length)
+        self.chosen = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.top_values = torch.zeros((*shape, MAX_TOP_LOGPROBS), dtype=torch.float64, device=device)
+        self.top_ids = torch.zeros((*shape, MAX_TOP_LOGPROBS), dtype=torch.long, device=device)
+
+    def write(self, slots: torch.Tensor, commit: torch.Tensor, chosen: torch.Tensor, top_values: torch.Tensor,
+              top_ids: torch.Tensor) -> None:
+        """Record the positions ``commit`` [r, block] marks, for the rows in ``slots`` [r]."""
+        num_top = top_values.shape[-1]
+        self.chosen[slots] = torch.where(commit, chosen.to(torch.float64), self.chosen[slots])
+        keep = commit[..., None]
+        self.top_values[slots, :, :num_top] = torch.where(keep, top_values.to(torch.float64),
+                                                          self.top_values[slots, :, :num_top])
+        self.top_ids[slots, :, :num_top] = torch.where(keep, top_ids, self.top_ids[slots, :, :num_top])

@@ -32,9 +32,10 @@ import torch
 from engine.config import blocks_needed
 from engine.decoding import (DecodeRule, Sampling, commits_first_position_first, gumbel_noise, propose_tokens,
                              select_commits)
-from engine.logit_processors import RowBias, TokenFilters, dense_bias
+from engine.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
+from engine.request import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ReferenceResult:
     finish_reason: str  # "eos" | "length"
     num_blocks: int
     num_steps: int
+    logprobs: list[TokenLogprob] | None = None  # per output token, at the step it was committed
 
 
 def trim_at_stop(token_ids: list[int], stop_ids: tuple[int, ...]) -> tuple[list[int], bool]:
@@ -57,7 +59,7 @@ def reference_generate(
     lm: DiffusionLM, prompt_ids: list[int], *, max_new_tokens: int = 256, block_length: int = 32,
     rule: DecodeRule = DecodeRule("threshold"), cache: str = "dual", temperature: float = 0.0,
     seed: int = 0, stop_at_eos: bool = True, shifted_decoding: str = "fast-dllm", top_k: int = 0,
-    top_p: float = 1.0, logit_bias: dict[int, float] | None = None,
+    top_p: float = 1.0, logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
 ) -> ReferenceResult:
     if not prompt_ids:
         raise ValueError("prompt is empty")
@@ -85,6 +87,7 @@ def reference_generate(
     slot = torch.zeros(1, dtype=torch.long, device=device)
 
     total_steps, blocks_run, stopped = 0, 0, False
+    committed_logprobs: dict[int, TokenLogprob] = {}  # canvas position -> at its commit step
     for block in range(num_blocks):
         start, end = prompt_length + block * block_length, prompt_length + (block + 1) * block_length
         step = 0
@@ -123,6 +126,13 @@ def reference_generate(
             commit = select_commits(rule, confidence, masked, torch.tensor([step], device=device),
                                     torch.tensor([block_length], device=device))
             canvas[:, start:end] = torch.where(commit, candidates, canvas[:, start:end])
+            if logprobs is not None:
+                chosen, values, ids = token_logprobs(logits, mask_id, candidates, logprobs,
+                                                     None if bias is None else bias.values)
+                for j in commit[0].nonzero().flatten().tolist():
+                    committed_logprobs[block * block_length + j] = TokenLogprob(
+                        int(candidates[0, j]), float(chosen[0, j]),
+                        tuple(zip(ids[0, j].tolist(), values[0, j].tolist())))
             step += 1
         total_steps += step
         blocks_run += 1
@@ -133,4 +143,6 @@ def reference_generate(
     generated = canvas[0, prompt_length:prompt_length + blocks_run * block_length].tolist()
     token_ids, _ = trim_at_stop(generated, lm.tokens.stop_ids)
     return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped and stop_at_eos else "length",
-                           num_blocks=blocks_run, num_steps=total_steps)
+                           num_blocks=blocks_run, num_steps=total_steps,
+                           logprobs=None if logprobs is None else [committed_logprobs[index]
+                                                                   for index in range(len(token_ids))])

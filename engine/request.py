@@ -26,6 +26,16 @@ class RequestStatus(enum.IntEnum):
                 RequestStatus.FINISHED_ABORT: "abort", RequestStatus.FINISHED_ERROR: "error"}.get(self)
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An output token's log-probability at the step it was committed (see engine/logit_processors.py),
+    and the ``len(top)`` most likely tokens of that distribution."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class RequestOutput:
     request_id: str
@@ -39,6 +49,7 @@ class RequestOutput:
     arrival_time: float
     first_scheduled_time: float | None
     finish_time: float
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when params.logprobs is set
 
     @property
     def queue_s(self) -> float:
@@ -75,6 +86,7 @@ class Request:
     step_in_block: int = 0  # denoising steps taken in the current block
     slot: int | None = None  # its row in the engine's arena while it runs
     committed_blocks: list[list[int]] = field(default_factory=list)  # completed blocks, on the host
+    committed_logprobs: list[list[TokenLogprob]] = field(default_factory=list)  # theirs, if asked for
     num_steps: int = 0
     stop_block: int | None = None  # first block in which a stop token was committed
     first_scheduled_time: float | None = None

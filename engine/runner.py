@@ -1,6 +1,7 @@
 """Runs one denoising step of a batch on the model: tensors in, committed tokens out. No policy."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -9,7 +10,9 @@ import torch
 from engine.batch import RowArena, StepBatch
 from engine.config import EngineConfig
 from engine.decoding import Sampling, decode_rule, gumbel_noise, propose_tokens, select_commits
+from engine.logit_processors import LogprobBuffer, token_logprobs
 from engine.models.loader import DiffusionLM
+from engine.request import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,7 @@ class RowResult:
     block_complete: bool  # no mask left in its block
     stop_found: bool  # the block holds a stop token (meaningful once complete)
     block_tokens: list[int] | None  # the completed block; None while masks remain
+    block_logprobs: list[TokenLogprob] | None = None  # the completed block's, if its request asked
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,8 @@ class ModelRunner:
         self.rule = decode_rule(config, lm.logit_shift)
         self.block_length = config.block_length
         self._stop_ids = torch.tensor(lm.tokens.stop_ids, device=lm.device)
+        self.max_rows = config.max_batch_size
+        self._logprobs: LogprobBuffer | None = None  # allocated when a request first asks for them
 
     @torch.no_grad()
     def run_step(self, batch: StepBatch, arena: RowArena) -> StepOutput:
@@ -52,10 +58,48 @@ class ModelRunner:
         masks_at_start = torch.full_like(batch.steps, self.block_length)  # a block starts all masks
         commit = select_commits(self.rule, confidence, masked, batch.steps, masks_at_start)
         blocks = torch.where(commit, candidates, blocks)
+        if batch.logprob_rows is not None:
+            self._record_logprobs(batch, logits, candidates, commit)
         arena.write_blocks(batch, blocks)
         complete = ~(blocks == mask_id).any(-1)
         stopped = torch.isin(blocks, self._stop_ids).any(-1)
         host = torch.cat([blocks, complete[:, None], stopped[:, None]], dim=1).tolist()  # the one sync
         results = {request_id: RowResult(bool(row[-2]), bool(row[-1]), row[:-2] if row[-2] else None)
                    for request_id, row in zip(batch.request_ids, host)}
+        if batch.logprob_rows is not None:
+            self._attach_logprobs(batch, results)
         return StepOutput(rows=results, model_time_s=time.perf_counter() - started)
+
+    def _record_logprobs(self, batch: StepBatch, logits: torch.Tensor, candidates: torch.Tensor,
+                         commit: torch.Tensor) -> None:
+        """The log-probabilities of the positions committed now, for the rows that asked."""
+        if self._logprobs is None:
+            self._logprobs = LogprobBuffer(self.max_rows, self.block_length, logits.device)
+        rows = batch.logprob_rows
+        bias = None
+        if batch.bias is not None:
+            dense = logits.new_zeros((batch.num_rows, logits.shape[-1]), dtype=batch.bias.values.dtype)
+            dense[batch.bias.rows] = batch.bias.values
+            bias = dense[rows]
+        chosen, top_values, top_ids = token_logprobs(logits[rows], self.lm.tokens.mask_id, candidates[rows],
+                                                     batch.num_top_logprobs, bias)
+        self._logprobs.write(batch.slots[rows], commit[rows], chosen, top_values, top_ids)
+
+    def _attach_logprobs(self, batch: StepBatch, results: dict[str, RowResult]) -> None:
+        """Completed blocks of rows that asked get their positions' log-probabilities (a second host
+        copy, made only for such rows)."""
+        rows = batch.logprob_rows.tolist()
+        slots = batch.slots[batch.logprob_rows]
+        num_top = batch.num_top_logprobs
+        chosen, values, ids = (self._logprobs.chosen[slots].tolist(),
+                               self._logprobs.top_values[slots, :, :num_top].tolist(),
+                               self._logprobs.top_ids[slots, :, :num_top].tolist())
+        for index, row in enumerate(rows):
+            request_id = batch.request_ids[row]
+            result = results[request_id]
+            if result.block_tokens is None:
+                continue
+            wanted = batch.logprob_counts[index]
+            block = [TokenLogprob(token, logprob, tuple(zip(ids[index][j][:wanted], values[index][j][:wanted])))
+                     for j, (token, logprob) in enumerate(zip(result.block_tokens, chosen[index]))]
+            results[request_id] = dataclasses.replace(result, block_logprobs=block)

@@ -108,5 +108,32 @@ def test_ray_data_rows_take_top_k_top_p_and_logit_bias_with_vllm_conventions():
     assert (params.top_k, params.top_p, params.logit_bias) == (0, 0.9, {7: 5.0})
     assert sampling_params_for_row(defaults, {"top_k": 4.0}).top_k == 4
     assert "logit_bias" in sampling_params_for_row(defaults, {"logit_bias": {"seven": 1.0}})
-    assert "unsupported key(s) ['frequency_penalty']" in sampling_params_for_row(
-        defaults, {"frequency_penalty": 0.5})
+    for refused in ("frequency_penalty", "logprobs"):
+        assert f"unsupported key(s) ['{refused}']" in sampling_params_for_row(defaults, {refused: 1})
+
+
+@pytest.mark.parametrize("cache", ["dual", "none"])
+def test_logprobs_are_each_tokens_at_its_commit_step_batched_as_alone(tiny_engine_factory, heldout_rows, cache):
+    engine = tiny_engine_factory(dtype="float64", max_batch_size=4, cache=cache)
+    lm = engine.lm
+    seven = lm.tokenizer.convert_tokens_to_ids("7")
+    settings = [dict(logprobs=2), dict(temperature=0.0), dict(temperature=1.0, seed=2, top_k=4, logprobs=0),
+                dict(logprobs=5, logit_bias={seven: 3.0})]
+    prompts = [lm.tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}],
+                                                add_generation_prompt=True, tokenize=True, return_dict=False)
+               for row in heldout_rows[:len(settings)]]
+    outputs = engine.generate(prompts, [SamplingParams(max_new_tokens=64, stop_at_eos=False, **setting)
+                                        for setting in settings])
+    for prompt, setting, output in zip(prompts, settings, outputs):
+        alone = reference_generate(lm, prompt, max_new_tokens=64, cache=cache, stop_at_eos=False, **setting)
+        assert output.token_ids == alone.token_ids
+        if setting.get("logprobs") is None:
+            assert output.logprobs is None
+            continue
+        assert [entry.token_id for entry in output.logprobs] == output.token_ids
+        for entry, solo in zip(output.logprobs, alone.logprobs):
+            assert entry.logprob == pytest.approx(solo.logprob, abs=1e-9) and entry.logprob <= 0
+            assert [token for token, _ in entry.top] == [token for token, _ in solo.top]
+            assert len(entry.top) == setting["logprobs"]
+            if not setting.get("temperature") and entry.top:  # greedy: the token is the most likely one
+                assert entry.top[0][0] == entry.token_id

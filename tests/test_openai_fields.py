@@ -179,3 +179,32 @@ def test_logit_bias_is_honoured_and_bad_keys_are_a_400(server, reference):
     for bad in ({"x": 1}, {str(seven): 101}, {str(reference.lm.vocab_size): 1}):
         error = ask(server, {"prompt": "count from 2 to 9", "logit_bias": bad})
         assert isinstance(error, OpenAIError) and error.param == "logit_bias", bad
+
+
+def test_logprobs_return_each_tokens_number_at_its_commit_step(server, reference):
+    answer = ask(server, {"prompt": "count from 2 to 9", "max_tokens": 32, "logprobs": 2})
+    expected = reference.generate(["count from 2 to 9"], SamplingParams(max_new_tokens=32, logprobs=2))[0]
+    logprobs = answer.choices[0].logprobs
+    assert len(logprobs.token_logprobs) == len(expected.token_ids) == answer.usage.completion_tokens
+    assert logprobs.token_logprobs == pytest.approx([entry.logprob for entry in expected.logprobs])
+    assert all(value <= 0 for value in logprobs.token_logprobs)
+    assert all(1 <= len(top) <= 2 for top in logprobs.top_logprobs)
+    assert "".join(logprobs.tokens).replace(" ", "") == answer.choices[0].text.replace(" ", "")
+
+    chat = ask(server, {"messages": user("count from 2 to 9"), "max_tokens": 32, "logprobs": True,
+                        "top_logprobs": 3})
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert all(item.logprob <= 0 and len(item.top_logprobs) == 3 for item in content)
+    assert all(item.top_logprobs[0].logprob >= item.logprob for item in content)
+    plain = ask(server, {"messages": user("count from 2 to 9"), "max_tokens": 32})
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == chat.choices[0].message.content
+
+
+def test_logprobs_are_refused_when_streamed_or_out_of_range(server):
+    cases = [({"prompt": "hi", "logprobs": 6}, "logprobs"), ({"prompt": "hi", "logprobs": 1, "stream": True}, "logprobs"),
+             ({"messages": user("hi"), "top_logprobs": 2}, "top_logprobs"),
+             ({"messages": user("hi"), "logprobs": True, "top_logprobs": 21}, "top_logprobs")]
+    for body, param in cases:
+        error = ask(server, body)
+        assert isinstance(error, OpenAIError) and error.param == param, body
