@@ -30,6 +30,16 @@ per device, NOT scaled by the model's layer count (Dream-7B's 28 layers would gi
 or torch.compile shrink it; calibration replaces it."""
 
 
+ELEMENTWISE_BYTES_PER_HIDDEN_PER_LAYER = 220.0
+"""Assumption: HBM bytes per forward token, per layer and per hidden unit, of the elementwise kernels
+between the GEMMs (the engine's fp32 RMSNorms ~2 x 40, fp32 RoPE on q and k ~2 x 48, two residual adds
+~12, SwiGLU's activation and product on a 3x-wide intermediate ~30): ~29 MB per forward token for
+LLaDA-8B. Memory-bound kernels that do not overlap the GEMMs, so their time adds."""
+LOGIT_BYTES = 36.0
+"""Assumption: bytes moved per logit after the LM head GEMM: bf16 write 2, fp32 cast 2 + 4, logsumexp
+4, MASK/stop writes and argmax 4 + 4, the steering's and the decoder's passes ~16."""
+
+
 @dataclass(frozen=True, slots=True)
 class Device:
     """An accelerator's datasheet figures plus the default (uncalibrated) efficiency assumptions."""

@@ -17,9 +17,19 @@ for a ``ModelShape`` (H = heads x head_dim, V = vocab, kv = KV-cache bytes per p
     time  = max(FLOPs / (peak x efficiency), bytes / (bandwidth x bandwidth_efficiency))
             + launch_overhead
 
-Not counted: activations moving between kernels, norms, the float32 softmax over the logits, the
-embedding gather. The calibrated ``efficiency`` / ``bandwidth_efficiency`` / ``launch_overhead_s``
-absorb them (``fit_constants`` on measured GPU seconds; ``load_constants`` reads the result).
+That is the **old projection** (``host=None``): GPU time plus a constant per forward. With a host
+model (``benchmarks.host_model.HostModel``) a forward costs instead
+
+    gpu_s  = max(FLOPs / (peak x efficiency), bytes / (bandwidth x bandwidth_efficiency))
+             + traffic / (bandwidth x bandwidth_efficiency)
+    traffic = forward_tokens x layers x hidden x elementwise_bytes_per_hidden   norms, RoPE, residuals
+            + logit_positions x V x logit_bytes                                  the fp32 logits pass
+    time  = max(gpu_s, host operations of its kind x seconds per operation) + host gap per step
+
+(the elementwise kernels are memory-bound and run between the GEMMs, so their time adds; the host
+issues a step's operations while the GPU runs them and waits once per step). Not counted either way:
+the embedding gather. ``fit_constants`` fits the efficiencies (and the old model's overhead) to
+measured GPU seconds; ``load_constants`` reads the result.
 
 Per-part time of a packed call: each part is costed as if it were its own call and the two figures are
 scaled so they sum to the packed call's time (so refresh_s + window_s = total_s, and packing's saving is
@@ -38,9 +48,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from benchmarks.hardware import DEVICES, MODELS, Device, ModelShape
+from benchmarks.hardware import DEVICES, ELEMENTWISE_BYTES_PER_HIDDEN_PER_LAYER, LOGIT_BYTES, MODELS, Device, ModelShape
 
 if TYPE_CHECKING:  # only the type: importing the engine package would pull in torch
+    from benchmarks.host_model import HostModel
     from engine.trace import ForwardRecord
 
 CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
@@ -53,8 +64,10 @@ class Constants:
 
     efficiency: float  # fraction of peak FLOP/s reached
     bandwidth_efficiency: float  # fraction of HBM bandwidth reached
-    launch_overhead_s: float  # fixed seconds per forward
+    launch_overhead_s: float  # fixed seconds per forward (the old projection only)
     source: str = DEFAULT_SOURCE
+    elementwise_bytes_per_hidden: float = ELEMENTWISE_BYTES_PER_HIDDEN_PER_LAYER  # host-model projection
+    logit_bytes: float = LOGIT_BYTES
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -66,8 +79,10 @@ class ForwardCost:
     bytes: float
     compute_s: float  # flops / (peak x efficiency)
     memory_s: float  # bytes / (bandwidth x bandwidth_efficiency)
-    time_s: float  # max(compute_s, memory_s) + launch overhead
-    bound: str  # "compute" | "memory"
+    time_s: float  # old: max(compute_s, memory_s) + launch overhead; host model: see the module docstring
+    bound: str  # "compute" | "memory" | "host"
+    gpu_s: float = 0.0
+    host_s: float = 0.0
 
 
 def default_constants(device: Device) -> Constants:
@@ -116,6 +131,12 @@ def forward_bytes(record: ForwardRecord, model: ModelShape) -> float:
     return float((weights + logits) * model.bytes_per_param + kv_positions * model.kv_bytes_per_token)
 
 
+def traffic_bytes(record: ForwardRecord, model: ModelShape, constants: Constants) -> float:
+    """Elementwise activations and the logits pass: what the host-model projection adds to the bytes."""
+    return (record.forward_tokens * model.layers * model.hidden * constants.elementwise_bytes_per_hidden
+            + record.logit_positions * model.vocab * constants.logit_bytes)
+
+
 def _roofline(flops: float, nbytes: float, device: Device, constants: Constants) -> ForwardCost:
     compute_s = flops / (device.peak_flops * constants.efficiency)
     memory_s = nbytes / (device.bandwidth * constants.bandwidth_efficiency)
@@ -125,10 +146,19 @@ def _roofline(flops: float, nbytes: float, device: Device, constants: Constants)
 
 
 def forward_cost(record: ForwardRecord, model: ModelShape, device: Device,
-                 constants: Constants | None = None) -> ForwardCost:
-    """The roofline time of one model call (see the module docstring for what is counted)."""
+                 constants: Constants | None = None, host: HostModel | None = None) -> ForwardCost:
+    """The time of one model call: the old roofline, or with ``host`` the host-model projection."""
     constants = constants or default_constants(device)
-    return _roofline(forward_flops(record, model), forward_bytes(record, model), device, constants)
+    flops, nbytes = forward_flops(record, model), forward_bytes(record, model)
+    if host is None:
+        return _roofline(flops, nbytes, device, constants)
+    roof = _roofline(flops, nbytes, device, dataclasses.replace(constants, launch_overhead_s=0.0))
+    traffic_s = traffic_bytes(record, model, constants) / (device.bandwidth * constants.bandwidth_efficiency)
+    gpu_s = roof.time_s + traffic_s
+    host_s = host.host_s(record.kind, model.layers) if record.forward_tokens else 0.0
+    return ForwardCost(flops, nbytes + traffic_bytes(record, model, constants), roof.compute_s,
+                       roof.memory_s + traffic_s, max(gpu_s, host_s) + host.gap_s,
+                       "host" if host_s > gpu_s else roof.bound, gpu_s, host_s)
 
 
 def split_two_forwards(record: ForwardRecord) -> tuple[ForwardRecord, ...]:
@@ -159,27 +189,29 @@ def _resolve(model: ModelShape | str, device: Device | str) -> tuple[ModelShape,
 
 
 def project(trace: Sequence[ForwardRecord], generated_tokens: int, model: ModelShape | str,
-            device: Device | str, constants: Constants | None = None, packed: bool = True) -> dict:
+            device: Device | str, constants: Constants | None = None, packed: bool = True,
+            host: HostModel | None = None) -> dict:
     """Projected seconds, tok/s and MFU of a whole trace.
 
     ``constants`` defaults to ``load_constants`` for a known device (a calibration file wins over the
     defaults; the result's ``constants.source`` says which). With ``packed=False`` every packed call is
     costed as its two parts run one after the other (what the engine would pay without packing).
-    MFU = counted FLOPs (padding included) / (total seconds x peak).
+    MFU = counted FLOPs (padding included) / (total seconds x peak). ``host``: the host-model
+    projection (module docstring); None: the old one.
     """
     model, device, key = _resolve(model, device)
     if constants is None:
         constants = load_constants(key) if key else default_constants(device)
     calls = {"refresh": 0, "window": 0, "packed": 0}
-    total_s = refresh_s = window_s = flops = nbytes = 0.0
-    rows = tokens = compute_bound = 0
+    total_s = refresh_s = window_s = flops = nbytes = gpu_s = host_s = 0.0
+    rows = tokens = compute_bound = host_bound = 0
     for record in trace:
         parts = split_two_forwards(record)
-        part_costs = [forward_cost(part, model, device, constants) for part in parts]
+        part_costs = [forward_cost(part, model, device, constants, host) for part in parts]
         if len(parts) == 1:
             units, scale = [(record, part_costs[0])], 1.0
         elif packed:
-            units = [(record, forward_cost(record, model, device, constants))]
+            units = [(record, forward_cost(record, model, device, constants, host))]
             scale = units[0][1].time_s / sum(cost.time_s for cost in part_costs)
         else:
             units, scale = list(zip(parts, part_costs)), 1.0
@@ -191,6 +223,9 @@ def project(trace: Sequence[ForwardRecord], generated_tokens: int, model: ModelS
             rows += unit.rows
             tokens += unit.forward_tokens
             compute_bound += cost.bound == "compute"
+            host_bound += cost.bound == "host"
+            gpu_s += cost.gpu_s
+            host_s += cost.host_s
         for part, cost in zip(parts, part_costs):
             if part.refresh_rows:
                 refresh_s += cost.time_s * scale
@@ -201,8 +236,10 @@ def project(trace: Sequence[ForwardRecord], generated_tokens: int, model: ModelS
         "model": model.name, "device": device.name, "packed": packed, "constants": constants.to_dict(),
         "calls": n_calls, "calls_by_kind": calls,
         "total_s": total_s, "refresh_s": refresh_s, "window_s": window_s,
-        "launch_overhead_s": n_calls * constants.launch_overhead_s,
-        "compute_bound_calls": compute_bound,
+        "host_model": host.to_dict() if host else None,
+        "launch_overhead_s": 0.0 if host else n_calls * constants.launch_overhead_s,
+        "compute_bound_calls": compute_bound, "host_bound_calls": host_bound,
+        "gpu_s": gpu_s, "host_s": host_s, "host_gap_s": n_calls * host.gap_s if host else 0.0,
         "flops": flops, "bytes": nbytes,
         "generated_tokens": generated_tokens,
         "tokens_per_s": generated_tokens / total_s if total_s else 0.0,

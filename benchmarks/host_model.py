@@ -1,0 +1,164 @@
+"""The host side of a step, measured: aten operations per kind of forward x seconds per operation.
+
+On a GPU the host issues every operation of a step (dispatch + launch) while the GPU runs the ones
+already issued, and waits once per step (the sync that reads the step's result back). So a forward
+costs max(GPU time, host time) and every step adds the host's own gap (scheduler, batch building):
+
+    step_s = max(gpu_s, (fixed_ops[kind] + layers x ops_per_layer[kind]) x seconds_per_op) + gap_s
+
+The operation counts come from the engine itself, counted with ``benchmarks.host_ops.OpCounter`` over
+whole steps of a random model of the projected family at 1 and at 32 layers (per kind: refresh,
+window, packed), on the steered HumanEval replay (whose steering adds ~30 operations a step). ``seconds_per_op`` and ``gap_s`` are fitted (a line through the window steps of
+both depths: slope per operation, intercept the gap) to the measured seconds of the same steps on a
+model of tiny dimensions, where compute is negligible: on the CPU that is dispatch cost, on a GPU dispatch + launch. Nothing is a
+constant of this file: :func:`measure` runs in seconds, and :func:`save` / :func:`load` keep a result
+in ``benchmarks/calibration/host-<device>.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
+KINDS = ("refresh", "window", "packed")
+
+
+@dataclass(frozen=True)
+class HostModel:
+    fixed_ops: dict[str, float]  # per kind: operations of a step that do not grow with depth
+    ops_per_layer: dict[str, float]
+    seconds_per_op: float
+    gap_s: float  # host seconds per step beyond its operations
+    source: str
+
+    def ops(self, kind: str, layers: int) -> float:
+        known = kind if kind in self.fixed_ops else max(self.fixed_ops, key=lambda k: self.fixed_ops[k])
+        return self.fixed_ops[known] + layers * self.ops_per_layer[known]
+
+    def host_s(self, kind: str, layers: int) -> float:
+        return self.ops(kind, layers) * self.seconds_per_op
+
+    def scaled(self, seconds_per_op: float = 1.0, gap: float = 1.0) -> HostModel:
+        return dataclasses.replace(self, seconds_per_op=self.seconds_per_op * seconds_per_op,
+                                   gap_s=self.gap_s * gap)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HostModel:
+        return cls(dict(data["fixed_ops"]), dict(data["ops_per_layer"]), float(data["seconds_per_op"]),
+                   float(data["gap_s"]), str(data["source"]))
+
+
+def _steps(engine, prompts, params, counting: bool, clock=time.perf_counter) -> list[tuple[str, float]]:
+    """(kind, operations or seconds) of every step that ran a forward, the workload run to the end."""
+    from benchmarks.host_ops import OpCounter
+
+    for prompt, p in zip(prompts, params):
+        engine.add_request(prompt, p)
+    rows = []
+    while engine.has_unfinished_requests():
+        before = len(engine.stats_collector.trace)
+        if counting:
+            with OpCounter() as counter:
+                engine.step()
+            value = float(counter.total)
+        else:
+            started = clock()
+            engine.step()
+            value = clock() - started
+        if len(engine.stats_collector.trace) > before:
+            rows.append((engine.stats_collector.trace[-1].kind, value))
+    return rows
+
+
+def _per_kind(rows: list[tuple[str, float]], q: float) -> dict[str, float]:
+    """The q-th percentile of each kind's values (a low one for times: least disturbed by other load)."""
+    from benchmarks.summary import percentile
+
+    return {kind: percentile([v for k, v in rows if k == kind], q) for kind in KINDS
+            if any(k == kind for k, _ in rows)}
+
+
+def measure(fixture: str = "tiny-llada", device: str = "cpu", deep_layers: int = 32, prompts: int = 8,
+            repeats: int = 2, **engine_config) -> HostModel:
+    """Count and time steps of ``fixture``'s family at 1 and ``deep_layers`` layers (tiny dimensions).
+
+    One torch thread: at these sizes more threads only add synchronisation (and on a shared CPU, far
+    worse). On the CPU a step's time is this process's CPU time (what the operations cost, not the
+    waits for a core another process holds); on a GPU it is wall time (the step ends with its sync).
+    Times are each kind's 10th percentile over ``repeats`` runs; 4 rows so rows join mid-block and
+    packed steps occur."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _measure(fixture, device, deep_layers, prompts, repeats, engine_config)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(fixture: str, device: str, deep_layers: int, prompts: int, repeats: int,
+             engine_config: dict) -> HostModel:
+    import torch
+
+    from benchmarks.host_ops import FIXTURES, with_layers
+    from benchmarks.replay import replay
+    from engine import BlockServeEngine, EngineConfig
+    from engine.models import load_model
+
+    lm = load_model(FIXTURES / fixture, dtype="float32")
+    workload = replay("humaneval", lm, prompts)  # the commit profile staggers blocks: packed steps occur
+    prompt_ids, params = workload.prompt_token_ids, workload.workload.params
+    ops, seconds = {}, {}
+    for layers in (1, deep_layers):
+        model_lm = with_layers(lm, layers)
+        model_lm = workload.steered(dataclasses.replace(model_lm, model=model_lm.model.to(device)))
+        engine = BlockServeEngine(model_lm, EngineConfig(**({"max_batch_size": 4} | engine_config)))
+        engine.generate(prompt_ids[:2], params[:2])  # warm-up (first-call allocations, compilation)
+        ops[layers] = _per_kind(_steps(engine, prompt_ids, params, counting=True), 50)
+        clock = time.perf_counter if device.startswith("cuda") else time.process_time
+        timed = [row for _ in range(repeats) for row in _steps(engine, prompt_ids, params, False, clock)]
+        seconds[layers] = _per_kind(timed, 10)
+    kinds = [kind for kind in KINDS if kind in ops[1] and kind in ops[deep_layers]]
+    per_layer = {kind: (ops[deep_layers][kind] - ops[1][kind]) / (deep_layers - 1) for kind in kinds}
+    fixed = {kind: ops[1][kind] - per_layer[kind] for kind in kinds}
+    fitted = ["window"] if "window" in kinds else kinds  # the smallest tensors: compute is least there
+    points = [(ops[layers][kind], seconds[layers][kind]) for layers in ops for kind in fitted]
+    seconds_per_op, gap_s = _fit_line(points)
+    where = torch.cuda.get_device_name() if device.startswith("cuda") else "this CPU (process CPU time)"
+    source = (f"measured {datetime.date.today().isoformat()} on {where}: {fixture} family at 1 and "
+              f"{deep_layers} layers, engine {engine_config or 'defaults'}")
+    return HostModel({k: round(v, 1) for k, v in fixed.items()}, {k: round(v, 2) for k, v in per_layer.items()},
+                     seconds_per_op, gap_s, source)
+
+
+def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares seconds = ops x slope + intercept; the intercept clipped at 0."""
+    mean_x = statistics.fmean(x for x, _ in points)
+    mean_y = statistics.fmean(y for _, y in points)
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread else mean_y / mean_x
+    intercept = mean_y - slope * mean_x
+    if intercept < 0:
+        return sum(y for _, y in points) / sum(x for x, _ in points), 0.0
+    return slope, intercept
+
+
+def save(model: HostModel, name: str, directory: Path = CALIBRATION_DIR) -> Path:
+    path = Path(directory) / f"host-{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(model.to_dict(), indent=1) + "\n")
+    return path
+
+
+def load(name: str, directory: Path = CALIBRATION_DIR) -> HostModel | None:
+    path = Path(directory) / f"host-{name}.json"
+    return HostModel.from_dict(json.loads(path.read_text())) if path.exists() else None
