@@ -202,7 +202,7 @@ class RowArena:
         return WindowPart(tokens=self.tokens[slot_rows, safe], positions=self.positions[slot_rows, safe],
                           columns=columns, slots=slots, context_start=self.width - max(r.width for r in rows),
                           num_read=self.block_length, read_shift=self.logit_shift - lookback,
-                          slot_runs=_slot_runs([r.slot for r in rows]))
+                          slot_range=_slot_range([r.slot for r in rows]))
 
     def _record(self, refresh: Sequence[Request], window: Sequence[Request], refresh_part: RefreshPart | None,
                 window_part: WindowPart | None) -> ForwardRecord:
@@ -228,12 +228,6 @@ def _slot(request: Request) -> int:
     return request.slot
 
 
-def _slot_runs(slots: list[int]) -> tuple[tuple[int, int], ...]:
-    """Sorted slots as runs of consecutive ones: ``[2, 3, 4, 7, 8] -> ((2, 3), (7, 2))``."""
-    runs: list[list[int]] = []
-    for slot in slots:
-        if runs and runs[-1][0] + runs[-1][1] == slot:
-            runs[-1][1] += 1
-        else:
-            runs.append([slot, 1])
-    return tuple((first, count) for first, count in runs)
+def _slot_range(slots: list[int]) -> tuple[int, int]:
+    """Sorted slots -> the consecutive range that holds them: ``[2, 3, 4, 7] -> (2, 6)``."""
+    return slots[0], slots[-1] - slots[0] + 1

@@ -100,7 +100,7 @@ def reference_generate(
                 window_end = end if cache == "dual" else width
                 columns = torch.arange(start - lookback, window_end, device=device)[None]
                 window = WindowPart(canvas[:, columns[0]], positions[:, columns[0]], columns, slot,
-                                    context_start=0, num_read=block_length, slot_runs=((0, 1),),
+                                    context_start=0, num_read=block_length, slot_range=(0, 1),
                                     read_shift=shift - lookback)
                 hidden = lm.model.forward_step(None, window, arena)
             logits = lm.model.logits(hidden)

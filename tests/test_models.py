@@ -141,10 +141,13 @@ def test_sharded_llada_checkpoint_loads_every_shard(loaded):
     assert torch.equal(model.lm_head.weight, last["model.transformer.ff_out.weight"])
     # SwiGLU naming: ff_proj is the gate, up_proj the up projection, ff_out (in a block) the down one
     block = {n: t for n, t in raw_checkpoint(LLADA_DIR).items() if ".blocks.1." in n}
-    mlp = model.layers[1].mlp
-    assert torch.equal(mlp.gate_proj.weight, block["model.transformer.blocks.1.ff_proj.weight"])
-    assert torch.equal(mlp.up_proj.weight, block["model.transformer.blocks.1.up_proj.weight"])
-    assert torch.equal(mlp.down_proj.weight, block["model.transformer.blocks.1.ff_out.weight"])
+    ours = model.checkpoint_tensors()  # gate and up live in one fused GEMM, loaded as two
+    assert torch.equal(ours["layers.1.mlp.gate_proj.weight"], block["model.transformer.blocks.1.ff_proj.weight"])
+    assert torch.equal(ours["layers.1.mlp.up_proj.weight"], block["model.transformer.blocks.1.up_proj.weight"])
+    assert torch.equal(ours["layers.1.mlp.down_proj.weight"], block["model.transformer.blocks.1.ff_out.weight"])
+    fused_gate_up = model.layers[1].mlp.gate_up_proj.weight
+    assert torch.equal(fused_gate_up, torch.cat([block["model.transformer.blocks.1.ff_proj.weight"],
+                                                 block["model.transformer.blocks.1.up_proj.weight"]]))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -313,9 +316,9 @@ def _window_check(lm: DiffusionLM, input_ids, position_ids, key_mask, columns, v
         safe = columns.clamp(max=width - 1)
         window_ids = torch.where(valid, input_ids.gather(1, safe), lm.tokens.pad_id)
         window_positions = torch.where(valid, position_ids.gather(1, safe), 0)
-        for slot_runs in (((0, rows),), ((0, 1), (1, rows - 1)), None):  # views of the arena, or a gather
+        for slot_range in ((0, rows), None):  # one view of the arena, or a gather
             window = WindowPart(window_ids, window_positions, columns, slots, context_start=0,
-                                num_read=columns.shape[1], slot_runs=slot_runs)
+                                num_read=columns.shape[1], slot_range=slot_range)
             got = model.logits(model.forward_step(None, window, arena))
             expected = model.logits(hidden_full.gather(1, safe[..., None].expand(-1, -1, hidden_full.shape[-1])))
             torch.testing.assert_close(got[valid], expected[valid], atol=1e-10, rtol=1e-10)
@@ -387,17 +390,18 @@ def test_llada_rotates_q_and_k_in_float32_in_bf16_unless_its_config_says_otherwi
 
 
 def test_llada_rotation_in_full_precision_is_the_float32_rotation_cast_back():
-    from engine.models.transformer import apply_rotary, rotary_cos_sin
+    from engine.models.layers import rotary_tables, rotate_
 
     generator = torch.Generator().manual_seed(3)
-    x = torch.randn(1, 2, 5, 8, generator=generator).to(torch.bfloat16)
-    positions = torch.arange(1000, 1005)[None]
-    cos, sin = rotary_cos_sin(positions, 8, 500000.0, torch.float32)
-    first, second = x.float().chunk(2, dim=-1)
-    expected = (x.float() * cos + torch.cat([-second, first], dim=-1) * sin).to(torch.bfloat16)
-    assert torch.equal(apply_rotary(x, cos, sin), expected)
-    low_cos, low_sin = rotary_cos_sin(positions, 8, 500000.0, torch.bfloat16)
-    assert not torch.equal(apply_rotary(x, low_cos, low_sin), expected)
+    x = torch.randn(5, 2, 8, generator=generator).to(torch.bfloat16)  # [tokens, heads, head_dim]
+    positions = torch.arange(1000, 1005)
+    inv_freq = 1.0 / 500000.0 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8)
+    angles = torch.cat([positions[:, None] * inv_freq] * 2, dim=-1)[:, None]
+    first, second = x.float().chunk(2, dim=-1)  # LLaDA's rotate_half, in float32, cast back
+    expected = (x.float() * angles.cos() + torch.cat([-second, first], dim=-1) * angles.sin()).to(torch.bfloat16)
+    assert torch.equal(rotate_(x.clone(), *rotary_tables(positions, 8, 500000.0, torch.float32)), expected)
+    low = rotate_(x.clone(), *rotary_tables(positions, 8, 500000.0, torch.bfloat16))
+    assert not torch.equal(low, expected)
 
 
 def test_llada_input_emb_norm_and_scale_logits_follow_its_modeling_code(tmp_path):

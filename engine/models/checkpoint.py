@@ -55,7 +55,7 @@ def load_weights(
     model.to(dtype)  # still on the meta device: the parameters are born in ``dtype``, never float32
     model.to_empty(device=device)
     model.tie_weights()  # moving off the meta device unties shared parameters
-    params = dict(model.named_parameters())
+    params = model.checkpoint_tensors()  # fused projections appear as their checkpoint's parts
     loaded: set[str] = set()
     for checkpoint_name, load in iter_checkpoint_tensors(directory):
         name = rename(checkpoint_name)

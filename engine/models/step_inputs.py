@@ -14,29 +14,42 @@ if TYPE_CHECKING:
 
 
 class KVArena:
-    """Preallocated per-layer keys/values: ``[slots, kv_heads, width + 1, head_dim]``, written in place.
+    """Preallocated keys/values of every layer in one tensor
+    ``[layers, slots, 2 (key, value), kv_heads, width + 1, head_dim]``, written in place.
 
     A request owns one slot while it runs; its row sits right-aligned in the slot (columns
     ``[width - row_width, width)``), so a bounding box of width ``w`` is the slice ``[width - w, width)``
-    of every slot, whichever rows leave or join. Column ``width`` is scratch: never a real key, the
-    target of a ragged window's missing entries. A row that leaves frees its slot; nothing is copied.
+    of every slot, whichever rows leave or join, and the boxes of consecutive slots are one view.
+    Column ``width`` is scratch: never a real key, the target of a ragged window's missing entries.
     """
 
     def __init__(self, config: TransformerConfig, slots: int, width: int, dtype: torch.dtype,
                  device: torch.device):
-        shape = (slots, config.num_kv_heads, width + 1, config.head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        shape = (config.num_layers, slots, 2, config.num_kv_heads, width + 1, config.head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.layers = self.kv.unbind(0)  # per-layer views, made once
         self.key_mask = torch.zeros((slots, width + 1), dtype=torch.bool, device=device)
 
     @property
-    def scratch_column(self) -> int:
+    def width(self) -> int:
         return self.key_mask.shape[1] - 1
 
     @property
+    def scratch_column(self) -> int:
+        return self.width
+
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        """Per layer ``[slots, kv_heads, width + 1, head_dim]`` (views)."""
+        return [layer[:, 0] for layer in self.layers]
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return [layer[:, 1] for layer in self.layers]
+
+    @property
     def num_bytes(self) -> int:
-        tensors = [*self.keys, *self.values, self.key_mask]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in (self.kv, self.key_mask))
 
     @staticmethod
     def bytes_per_slot_column(config: TransformerConfig, dtype: torch.dtype) -> int:
@@ -81,8 +94,8 @@ class WindowPart:
     slots: torch.Tensor  # [rows]
     context_start: int
     num_read: int
-    slot_runs: tuple[tuple[int, int], ...] | None = None  # rows in order as runs of consecutive slots
-    # (first slot, count): attention reads each run's cache as a view; None: gather the slots
+    slot_range: tuple[int, int] | None = None  # (first slot, count): consecutive slots holding every
+    # row, in slot order; attention reads them as one view of the arena. None: gather the rows' cache
     read_shift: int = 0
 
     @property

@@ -20,13 +20,14 @@ scatter with no Python loop over rows.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.layers import RMSNorm, attend, rotate_
+from engine.models.packed_step import PartPlan, StepPlan, plan_step, rotary_dtype
 from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
 
 
@@ -52,77 +53,99 @@ class TransformerConfig:
         return self.hidden_size // self.num_heads
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+def _split_on_save(fused: str, parts: dict[str, int]):
+    """A state-dict hook that writes a fused parameter as the checkpoint's separate projections."""
+    def hook(module, state_dict, prefix, local_metadata):
+        for kind in ("weight", "bias"):
+            tensor = state_dict.pop(f"{prefix}{fused}.{kind}", None)
+            if tensor is not None:
+                for name, piece in zip(parts, tensor.split(list(parts.values()))):
+                    state_dict[f"{prefix}{name}.{kind}"] = piece.clone()
+    return hook
 
 
-def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos/sin ``[rows, 1, width, head_dim]`` for rotate-half RoPE at explicit positions."""
-    compute_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    exponents = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=compute_dtype) / head_dim
-    inv_freq = 1.0 / (theta**exponents)
-    angles = position_ids.to(compute_dtype)[..., None] * inv_freq
-    angles = torch.cat([angles, angles], dim=-1)[:, None]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+def _fuse_on_load(fused: str, parts: dict[str, int]):
+    """A load pre-hook that concatenates the checkpoint's separate projections into the fused one."""
+    def hook(module, state_dict, prefix, *args):
+        for kind in ("weight", "bias"):
+            names = [f"{prefix}{name}.{kind}" for name in parts]
+            if all(name in state_dict for name in names):
+                state_dict[f"{prefix}{fused}.{kind}"] = torch.cat([state_dict.pop(name) for name in names])
+    return hook
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE in the dtype of ``cos`` (float32 tables rotate a bf16 ``x`` in float32)."""
-    widened = x.to(cos.dtype)
-    first, second = widened.chunk(2, dim=-1)
-    return (widened * cos + torch.cat([-second, first], dim=-1) * sin).to(x.dtype)
+class FusedLinear(nn.Linear):
+    """One GEMM for several projections of the same input (q/k/v; gate/up), weights concatenated
+    along the output. State dicts and checkpoints keep the separate projections' names."""
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool):
+        super().__init__(in_features, sum(parts.values()), bias=bias)
+        self.parts = parts
+
+    def views(self, prefix: str) -> dict[str, torch.Tensor]:
+        """``{prefix + part name + ".weight" / ".bias": view of the fused parameter}``."""
+        views = {}
+        for kind in ("weight", "bias"):
+            tensor = getattr(self, kind)
+            if tensor is not None:
+                for name, piece in zip(self.parts, tensor.split(list(self.parts.values()))):
+                    views[f"{prefix}{name}.{kind}"] = piece
+        return views
 
 
-def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_mask: torch.Tensor,
-               gqa: bool) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=key_mask[:, None, None, :], enable_gqa=gqa)
+def _fused_projection(owner: nn.Module, fused: str, in_features: int, parts: dict[str, int],
+                      bias: bool) -> FusedLinear:
+    owner.register_state_dict_post_hook(_split_on_save(fused, parts))
+    owner.register_load_state_dict_pre_hook(_fuse_on_load(fused, parts))
+    return FusedLinear(in_features, parts, bias)
 
 
 class Attention(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         kv_size = config.num_kv_heads * config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
+        self.qkv_proj = _fused_projection(self, "qkv_proj", config.hidden_size, {
+            "q_proj": config.hidden_size, "k_proj": kv_size, "v_proj": kv_size}, config.qkv_bias)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, parts: list[_PartContext], layer: int) -> torch.Tensor:
-        """x: the parts' tokens packed ``[tokens, hidden]``; projections run once over all of them."""
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        outputs, offset = [], 0
-        for part in parts:
-            size = part.rows * part.length
-            shape = (part.rows, part.length, -1, self.head_dim)
-            part_q, part_k, part_v = (t[offset:offset + size].view(shape).transpose(1, 2) for t in (q, k, v))
-            part_q, part_k = apply_rotary(part_q, part.cos, part.sin), apply_rotary(part_k, part.cos, part.sin)
-            out = part.attend(layer, part_q, part_k, part_v, self.num_kv_heads != self.num_heads)
-            outputs.append(out.transpose(1, 2).reshape(size, -1))
-            offset += size
-        return self.o_proj(torch.cat(outputs) if len(outputs) > 1 else outputs[0])
+    def forward(self, x: torch.Tensor, plan: StepPlan, layer: int) -> torch.Tensor:
+        """x: the parts' tokens packed ``[tokens, hidden]``; one GEMM and one rotation for all of them,
+        then one attention call per part."""
+        qkv = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)  # [tokens, q + k + v heads, d]
+        rotate_(qkv[:, :self.num_heads + self.num_kv_heads], plan.cos, plan.signed_sin)
+        outputs = [self._attend_part(qkv, part, plan, layer) for part in plan.parts]
+        return self.o_proj(outputs[0] if len(outputs) == 1 else torch.cat(outputs))
+
+    def _attend_part(self, qkv: torch.Tensor, part: PartPlan, plan: StepPlan, layer: int) -> torch.Tensor:
+        if len(plan.parts) > 1:
+            qkv = qkv[part.offset:part.offset + part.num_tokens]
+        qkv = qkv.view(part.rows, part.length, -1, self.head_dim)
+        new_kv = qkv[:, :, self.num_heads:].view(part.rows, part.length, 2, self.num_kv_heads, self.head_dim)
+        if part.write_index is not None:
+            plan.layers[layer][part.write_index] = new_kv
+        q = qkv[:, :, :self.num_heads]
+        if part.context is None:
+            keys, values = new_kv.transpose(1, 3).unbind(2)  # [rows, kv_heads, length, d] each
+            return attend(q, keys, values, part.mask)
+        keys, values = part.context[layer].unbind(1)
+        if part.scatter_rows is None:
+            return attend(q, keys, values, part.mask)
+        placed = q.new_zeros((keys.shape[0], *q.shape[1:])).index_copy_(0, part.scatter_rows, q)
+        out = attend(placed, keys, values, part.mask)
+        return out.view(keys.shape[0], -1)[part.scatter_rows].view(part.num_tokens, -1)
 
 
 class MLP(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.gate_up_proj = _fused_projection(self, "gate_up_proj", config.hidden_size, {
+            "gate_proj": config.intermediate_size, "up_proj": config.intermediate_size}, False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Layer(nn.Module):
@@ -133,20 +156,9 @@ class Layer(nn.Module):
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, parts: list[_PartContext], layer: int) -> torch.Tensor:
-        x = x + self.attention(self.input_norm(x), parts, layer)
+    def forward(self, x: torch.Tensor, plan: StepPlan, layer: int) -> torch.Tensor:
+        x = x + self.attention(self.input_norm(x), plan, layer)
         return x + self.mlp(self.post_attention_norm(x))
-
-
-@dataclass
-class _PartContext:
-    """One part of a packed forward as its layers see it: shape, rotary tables, where keys come from."""
-
-    rows: int
-    length: int
-    cos: torch.Tensor
-    sin: torch.Tensor
-    attend: Callable  # (layer, q, k, v, gqa) -> attention output: where this part's keys come from
 
 
 class BidirectionalTransformer(nn.Module):
@@ -181,71 +193,47 @@ class BidirectionalTransformer(nn.Module):
 
         Returns the hidden states the parts ask for, refresh rows first: ``[rows, n, hidden]``.
         """
-        parts, inputs = [], []
-        if refresh is not None:
-            parts.append(self._refresh_context(refresh, arena))
-            inputs.append(refresh.tokens)
-        if window is not None:
-            parts.append(self._window_context(window, arena))
-            inputs.append(window.tokens)
-        x = self.embed_tokens(torch.cat([t.reshape(-1) for t in inputs]) if len(inputs) > 1
-                              else inputs[0].reshape(-1))
-        if self.config.embedding_scale != 1.0:
-            x = x * self.config.embedding_scale
+        config = self.config
+        plan = plan_step(refresh, window, arena, rotary_dtype(self.dtype, config.rope_full_precision),
+                         self.dtype, config.head_dim, config.rope_theta)
+        parts = [p for p in (refresh, window) if p is not None]
+        tokens = torch.cat([p.tokens.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].tokens.reshape(-1)
+        x = self.embed_tokens(tokens)
+        if config.embedding_scale != 1.0:
+            x = x * config.embedding_scale
         for index, layer in enumerate(self.layers):
-            x = layer(x, parts, index)
-        read, offset = [], 0
-        for part, context in zip((p for p in (refresh, window) if p is not None), parts):
-            hidden = x[offset:offset + context.rows * context.length].view(context.rows, context.length, -1)
-            offset += context.rows * context.length
-            if isinstance(part, RefreshPart):
-                read.append(hidden.gather(1, part.read_columns[..., None].expand(-1, -1, hidden.shape[-1])))
-            elif part.read_shift:
-                positions = (torch.arange(part.num_read, device=hidden.device) - part.read_shift).clamp(min=0)
-                read.append(hidden[:, positions])
-            else:
-                read.append(hidden[:, :part.num_read])
+            x = layer(x, plan, index)
+        read = [self._read(part, x[plan_part.offset:plan_part.offset + plan_part.num_tokens]
+                           .view(plan_part.rows, plan_part.length, -1))
+                for part, plan_part in zip(parts, plan.parts)]
         return torch.cat(read) if len(read) > 1 else read[0]
 
-    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dtype = self.embed_tokens.weight.dtype
-        if self.config.rope_full_precision and dtype in (torch.float16, torch.bfloat16):
-            dtype = torch.float32
-        return rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+    @staticmethod
+    def _read(part: RefreshPart | WindowPart, hidden: torch.Tensor) -> torch.Tensor:
+        """The hidden states a part asks for, ``[rows, n, hidden]``."""
+        if isinstance(part, RefreshPart):
+            return hidden.gather(1, part.read_columns[..., None].expand(-1, -1, hidden.shape[-1]))
+        if part.read_shift:
+            positions = (torch.arange(part.num_read, device=hidden.device) - part.read_shift).clamp(min=0)
+            return hidden[:, positions]
+        return hidden[:, :part.num_read]
 
-    def _refresh_context(self, part: RefreshPart, arena: KVArena | None) -> _PartContext:
-        rows, length = part.tokens.shape
-        end = part.first_column + length
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
 
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
-            if part.slots is not None:
-                arena.keys[layer][part.slots, :, part.first_column:end] = k
-                arena.values[layer][part.slots, :, part.first_column:end] = v
-            return _attention(q, k, v, part.key_mask, gqa)
-
-        return _PartContext(rows, length, *self._rotary(part.positions), attend)
-
-    def _window_context(self, part: WindowPart, arena: KVArena) -> _PartContext:
-        rows, length = part.tokens.shape
-        slot_index = part.slots[:, None]
-        start = part.context_start
-
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
-            keys, values = arena.keys[layer], arena.values[layer]
-            keys[slot_index, :, part.columns] = k.transpose(1, 2)
-            values[slot_index, :, part.columns] = v.transpose(1, 2)
-            if part.slot_runs is None:
-                return _attention(q, keys[part.slots, :, start:], values[part.slots, :, start:],
-                                  arena.key_mask[part.slots, start:], gqa)
-            outputs, row = [], 0
-            for first, count in part.slot_runs:  # views of the arena: no copy of the cache
-                last = first + count
-                outputs.append(_attention(q[row:row + count], keys[first:last, :, start:],
-                                          values[first:last, :, start:], arena.key_mask[first:last, start:], gqa))
-                row += count
-            return torch.cat(outputs) if len(outputs) > 1 else outputs[0]
-
-        return _PartContext(rows, length, *self._rotary(part.positions), attend)
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """Every parameter under its checkpoint-level name (q/k/v and gate/up separately), as views
+        of the parameters: what a loader copies into."""
+        tensors = {}
+        for name, module in self.named_modules():
+            if isinstance(module, FusedLinear):
+                parent = name.rpartition(".")[0]
+                tensors.update(module.views(f"{parent}." if parent else ""))
+            else:
+                prefix = f"{name}." if name else ""
+                tensors.update({prefix + key: p for key, p in module.named_parameters(recurse=False)})
+        return tensors
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(self.norm(hidden))
