@@ -1,0 +1,172 @@
+"""The schedules side by side on the replay workloads: CPU measured, GPU projected with a host model.
+
+    python -m benchmarks throughput --scale full --out DIR            # HumanEval replay, 64 requests, 3 rounds
+    python -m benchmarks throughput --workload short --requests 64 --out DIR
+    python -m benchmarks throughput --commit-profile none --widths text --out DIR   # the replay before issue 19
+
+Every schedule runs the same requests, interleaved round by round, on the model steered to the replay's
+answer lengths and commit profile (``benchmarks.replay``). Per schedule: CPU tokens/s (measured),
+forwards (refresh / window), rows per forward, padding, steps per block, and each run's own trace
+projected for LLaDA-8B shapes on an H200 twice: with the host model (``benchmarks.host_model``,
+measured on this machine at the start of the run unless a calibration file is given) and with the old
+projection (GPU time + 1.92 ms per forward), plus a sensitivity table of the host-model projection to
+its uncertain constants.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from benchmarks import host_model as host_models
+from benchmarks.commit_profile import LLADA_THRESHOLD_09
+from benchmarks.host_model import HostModel
+from benchmarks.projection import Constants, load_constants, project
+from benchmarks.replay import WIDTHS, replay
+from benchmarks.results_io import write_results
+from benchmarks.summary import median, median_item
+from benchmarks.systems import SYSTEMS, RunResult, interleaved
+
+SCALES = {"smoke": {"requests": 6, "rounds": 1, "batch_size": 4},
+          "quick": {"requests": 24, "rounds": 1, "batch_size": 16},
+          "full": {"requests": 64, "rounds": 3, "batch_size": 16}}
+STATS_KEYS = ("tokens_per_s", "forward_passes", "refresh_forwards", "window_forwards", "rows_per_forward",
+              "rows_per_window_forward", "padding_fraction", "useful_row_fraction", "effective_compute_ratio",
+              "scheduler_overhead_fraction", "generated_tokens")
+
+
+def sensitivity_variants(constants: Constants, host: HostModel) -> dict[str, tuple[Constants, HostModel]]:
+    """The host-model projection's uncertain constants, each moved alone."""
+    c, r = constants, dataclasses.replace
+    return {
+        "as measured": (c, host),
+        "efficiency 0.3": (r(c, efficiency=0.3), host), "efficiency 0.9": (r(c, efficiency=0.9), host),
+        "bandwidth efficiency 0.7": (r(c, bandwidth_efficiency=0.7), host),
+        "seconds/op x0.25": (c, host.scaled(seconds_per_op=0.25)),
+        "seconds/op x0.5": (c, host.scaled(seconds_per_op=0.5)),
+        "seconds/op x2": (c, host.scaled(seconds_per_op=2.0)),
+        "gap +0.5 ms": (c, r(host, gap_s=host.gap_s + 5e-4)),
+        "elementwise bytes x0.5": (r(c, elementwise_bytes_per_hidden=c.elementwise_bytes_per_hidden / 2), host),
+        "elementwise bytes x2": (r(c, elementwise_bytes_per_hidden=c.elementwise_bytes_per_hidden * 2), host),
+        "logit bytes x2": (r(c, logit_bytes=c.logit_bytes * 2), host),
+        "no host (GPU time only)": (c, r(host, seconds_per_op=0.0, gap_s=0.0)),
+    }
+
+
+def project_run(result: RunResult, host: HostModel, model: str = "llada-8b", device: str = "h200") -> dict:
+    trace, tokens = result.extra["trace"], result.stats["generated_tokens"]
+    constants = load_constants(device)
+    new = project(trace, tokens, model, device, constants, host=host)
+    old = project(trace, tokens, model, device, constants)
+    sensitivity = {label: project(trace, tokens, model, device, c, host=h)["tokens_per_s"]
+                   for label, (c, h) in sensitivity_variants(constants, host).items()}
+    return {"tokens_per_s": new["tokens_per_s"], "mfu": new["mfu"], "total_s": new["total_s"],
+            "refresh_s": new["refresh_s"], "window_s": new["window_s"], "gpu_s": new["gpu_s"],
+            "host_s": new["host_s"], "host_bound_calls": new["host_bound_calls"], "calls": new["calls"],
+            "old_tokens_per_s": old["tokens_per_s"], "old_mfu": old["mfu"],
+            "forward_tokens": sum(record.forward_tokens for record in trace),
+            "sensitivity_tokens_per_s": sensitivity, "constants": constants.to_dict()}
+
+
+def steps_per_block(result: RunResult) -> float:
+    blocks = sum(request["num_blocks"] for request in result.requests)
+    return sum(record.rows for record in result.extra["trace"]) / max(blocks, 1)
+
+
+def summarize(runs: dict[str, list[RunResult]], host: HostModel) -> dict:
+    table = {}
+    for system, results in runs.items():
+        middle = median_item(results, key=lambda run: run.tokens_per_s)
+        table[system] = {key: median(run.stats[key] for run in results) for key in STATS_KEYS}
+        table[system] |= {"tokens_per_s_per_round": [run.tokens_per_s for run in results],
+                          "outputs_digest": middle.extra["outputs_digest"],
+                          "row_steps_per_block": steps_per_block(middle),
+                          "forward_tokens_per_generated_token": sum(
+                              r.forward_tokens for r in middle.extra["trace"]) / middle.stats["generated_tokens"],
+                          "projected": project_run(middle, host)}
+    projected = {system: row["projected"] for system, row in table.items()}
+
+    def ratio(a: str, b: str, key: str = "tokens_per_s") -> float:
+        return projected[a][key] / projected[b][key]
+
+    figures = {"block_over_static_measured": table["block"]["tokens_per_s"] / table["static"]["tokens_per_s"],
+               "step_over_block_measured": table["step"]["tokens_per_s"] / table["block"]["tokens_per_s"],
+               "block_over_static_projected": ratio("block", "static"),
+               "step_over_block_projected": ratio("step", "block"),
+               "step_over_shrink_projected": ratio("step", "shrink"),
+               "block_over_static_old_projection": ratio("block", "static", "old_tokens_per_s"),
+               "step_over_block_old_projection": ratio("step", "block", "old_tokens_per_s")}
+    return {"systems": table, "figures": figures,
+            "identical_outputs": len({row["outputs_digest"] for row in table.values()}) == 1}
+
+
+def print_table(name: str, summary: dict) -> None:
+    print(f"\n{name}: outputs identical across schedules: {summary['identical_outputs']}")
+    print(f"{'schedule':>8} {'CPU tok/s':>9} {'fwd':>5} {'rows/f':>6} {'steps/blk':>9} | {'H200 tok/s*':>11} "
+          f"{'MFU*':>6} {'host-bound':>10} | {'old tok/s*':>10}")
+    for system, row in summary["systems"].items():
+        p = row["projected"]
+        print(f"{system:>8} {row['tokens_per_s']:9.1f} {row['forward_passes']:5.0f} {row['rows_per_forward']:6.2f} "
+              f"{row['row_steps_per_block']:9.2f} | {p['tokens_per_s']:11.1f} {p['mfu']:6.1%} "
+              f"{p['host_bound_calls']:>4}/{p['calls']:<5} | {p['old_tokens_per_s']:10.1f}")
+    print("(* projected from each run's trace: LLaDA-8B shapes on an H200, host model; old: GPU + 1.92 ms)")
+    for key, value in summary["figures"].items():
+        print(f"  {key}: {value:.3f}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks throughput", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", default="full", choices=sorted(SCALES))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/throughput"))
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--workload", default="humaneval", choices=["humaneval", "short", "both"])
+    parser.add_argument("--requests", type=int, default=None, help="requests per run (HumanEval has 164)")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--commit-profile", default=LLADA_THRESHOLD_09.name)
+    parser.add_argument("--widths", default="bpe", choices=WIDTHS)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--host-model", default="measure",
+                        help="'measure' (at the start of the run) or a host-model JSON file")
+    args = parser.parse_args(argv)
+    for key, value in SCALES[args.scale].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def load_host_model(spec: str, device: str, scale: str = "full") -> HostModel:
+    if spec == "measure":  # the smoke scale measures a shallower model: its ops per layer are the same
+        return host_models.measure(device=device, **({"deep_layers": 4, "prompts": 4, "repeats": 1}
+                                                     if scale == "smoke" else {}))
+    return HostModel.from_dict(__import__("json").loads(Path(spec).read_text()))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import torch
+
+    from benchmarks.plots import measured_vs_projected
+    from engine.models import load_model
+
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    host = load_host_model(args.host_model, args.device, args.scale)
+    print(f"host model: {host.to_dict()}", flush=True)
+    lm = load_model(args.model, device=args.device, dtype="float32")
+    result = {"batch_size": args.batch_size, "rounds": args.rounds, "requests": args.requests,
+              "host_model": host.to_dict(), "projection": {"model": "llada-8b", "device": "h200"}, "workloads": {}}
+    names = ["humaneval", "short"] if args.workload == "both" else [args.workload]
+    for name in names:
+        workload = replay(name, lm, args.requests, profile=args.commit_profile, widths=args.widths)
+        variants = {system: {"system": system, "max_batch_size": args.batch_size} for system in SYSTEMS}
+        runs = interleaved(workload.steered(lm), variants, workload.workload, args.rounds)
+        summary = summarize(runs, host)
+        result["workloads"][name] = {"notes": workload.workload.notes} | summary
+        print_table(name, summary)
+    path = write_results(args.out, "throughput", result, ["throughput", *(argv or [])])
+    figure = measured_vs_projected(result, args.out / "throughput.png")
+    print(f"wrote {path} and {figure}")
+    return result
