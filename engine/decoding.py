@@ -124,34 +124,33 @@ def propose_tokens(logits: torch.Tensor, mask_id: int, sampling: Sampling | None
                    measure: str = "probability", bias: RowBias | None = None):
     """Candidate token ``x0`` and its confidence per position.
 
-    logits [rows, block, vocab], overwritten in place (MASK's column). MASK is never a candidate.
+    logits [rows, block, vocab] (not modified). MASK is never a candidate.
     Confidence (``measure``), always noise-free and over the full softmax, MASK included:
     "probability" of the candidate; "margin": top-1 minus top-2 probability; "neg_entropy":
     ``sum p log(p + 1e-10)`` (0 for a certain position, lower the flatter the distribution).
+    One softmax over the logits gives every greedy row both its candidate (the largest probability
+    but MASK's) and its confidence; sampled rows draw their candidate from their own scaled logits.
     """
     compute_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    logits = logits.to(compute_dtype)
     if bias is not None:  # before everything: candidates, confidence and draws see the biased logits
-        logits = apply_logit_bias(logits, bias.rows, bias.values)
-    scores = None if measure == "probability" else distribution_scores(logits, measure)
-    log_normalizer = torch.logsumexp(logits, dim=-1) if scores is None else None
-    logits[..., mask_id] = float("-inf")
-    candidates = logits.argmax(dim=-1)
+        logits = apply_logit_bias(logits.to(compute_dtype), bias.rows, bias.values)
+    probabilities = torch.softmax(logits, dim=-1, dtype=compute_dtype)
+    scores = None if measure == "probability" else distribution_scores(probabilities, measure)
+    probabilities.select(-1, mask_id).fill_(-1.0)  # below every probability: never the candidate
+    confidence, candidates = probabilities.max(dim=-1)
     if sampling is not None:
-        scaled = logits[sampling.rows] / sampling.temperatures.to(compute_dtype)[:, None, None]
+        scaled = logits[sampling.rows].to(compute_dtype) / sampling.temperatures.to(compute_dtype)[:, None, None]
+        scaled.select(-1, mask_id).fill_(float("-inf"))
         if sampling.filters is not None:
             scaled = filter_top_k_top_p(scaled, sampling.filters)
-        scaled = scaled + sampling.noise
-        candidates[sampling.rows] = scaled.argmax(dim=-1)
-    if scores is not None:
-        return candidates, scores
-    chosen = logits.gather(-1, candidates[..., None]).squeeze(-1)
-    return candidates, torch.exp(chosen - log_normalizer)
+        drawn = (scaled + sampling.noise).argmax(dim=-1)
+        candidates[sampling.rows] = drawn
+        confidence[sampling.rows] = probabilities[sampling.rows].gather(-1, drawn[..., None]).squeeze(-1)
+    return candidates, (confidence if scores is None else scores)
 
 
-def distribution_scores(logits: torch.Tensor, measure: str) -> torch.Tensor:
-    """Dream's two distribution-shape scores ``[rows, block]`` of logits ``[rows, block, vocab]``."""
-    probabilities = torch.softmax(logits, dim=-1)
+def distribution_scores(probabilities: torch.Tensor, measure: str) -> torch.Tensor:
+    """Dream's two distribution-shape scores ``[rows, block]`` of probabilities ``[rows, block, vocab]``."""
     if measure == "margin":
         top_two = probabilities.topk(2, dim=-1).values
         return top_two[..., 0] - top_two[..., 1]
@@ -198,10 +197,12 @@ def select_commits(rule: DecodeRule, confidence: torch.Tensor, masked: torch.Ten
     step [rows]: 0-based denoising step within the current block; num_masked_at_start [rows].
     Rows without masks commit nothing. At the last allowed step every masked position commits.
     """
+    if rule.kind == "threshold":  # no ranking needed: the most confident mask, the leftmost on a tie
+        best = torch.where(masked, confidence, float("-inf")).argmax(dim=-1, keepdim=True)
+        commit = (masked & (confidence >= rule.threshold)).scatter_(-1, best, masked.gather(-1, best))
+        return _finish_commits(rule, commit, masked, step)
     ranks, sorted_scores = _rank_by_confidence(confidence, masked)
-    if rule.kind == "threshold":
-        commit = masked & ((confidence >= rule.threshold) | (ranks == 0))
-    elif rule.kind == "quota":
+    if rule.kind == "quota":
         quota = quota_for_step(num_masked_at_start, step, rule.steps_per_block)
         commit = masked & (ranks < quota[:, None])
     elif rule.kind == "factor":
@@ -217,6 +218,11 @@ def select_commits(rule: DecodeRule, confidence: torch.Tensor, masked: torch.Ten
         commit = masked & (ranks < count[:, None])
     else:
         raise ValueError(f"unknown decoding rule {rule.kind!r}")
+    return _finish_commits(rule, commit, masked, step)
+
+
+def _finish_commits(rule: DecodeRule, commit: torch.Tensor, masked: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """The rule-independent end of a step: Fast-dLLM's Dream first step, and the last allowed step."""
     if rule.first_step_first_position:
         first_only = torch.zeros_like(masked)
         first_only[:, 0] = masked[:, 0]
