@@ -1,6 +1,6 @@
 """What aging (``max_wait_s``) costs in throughput, and what it buys the wide requests it rescues.
 
-    python -m benchmarks.aging [--steps 240] [--json out.json]
+    python -m benchmarks aging [--steps 240] [--json out.json]
 
 A steady stream, the case aging exists for: one short request (10-token prompt) arrives at every
 engine step, and a wide one (150-token prompt) every ``--wide-every`` steps. With length-sorted,
@@ -17,9 +17,8 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
-
 from benchmarks.projection import project
+from benchmarks.summary import percentile
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models import load_model
 
@@ -56,9 +55,9 @@ def run(lm, max_wait_s: float | None, steps: int, wide_every: int) -> dict:
         "projected_h200_tokens_per_s": round(projected["tokens_per_s"], 1),
         "wide_finished": f"{len(latency['wide'])}/{wide_total}",
         "wide_latency_steps_max": max(latency["wide"], default=None),
-        "wide_latency_steps_mean": round(float(np.mean(latency["wide"])), 1) if latency["wide"] else None,
-        "short_latency_steps_p50": round(float(np.percentile(latency["short"], 50)), 1),
-        "short_latency_steps_p99": round(float(np.percentile(latency["short"], 99)), 1),
+        "wide_latency_steps_mean": round(sum(latency["wide"]) / len(latency["wide"]), 1) if latency["wide"] else None,
+        "short_latency_steps_p50": round(percentile(latency["short"], 50), 1),
+        "short_latency_steps_p99": round(percentile(latency["short"], 99), 1),
     }
 
 

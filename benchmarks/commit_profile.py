@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import torch
 
 
@@ -40,7 +42,7 @@ class CommitProfile:
         """int64 counts k >= 1 of ``shape``, the same for the same seed on every machine."""
         generator = torch.Generator().manual_seed(seed)
         weights = torch.tensor(self.probabilities, dtype=torch.float64)
-        flat = torch.multinomial(weights, int(torch.tensor(shape).prod()), replacement=True, generator=generator)
+        flat = torch.multinomial(weights, math.prod(shape), replacement=True, generator=generator)
         return (flat + 1).reshape(shape)
 
 

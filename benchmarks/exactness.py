@@ -1,7 +1,7 @@
 """Batched == solo, measured: the share of requests whose batched tokens equal the single-request oracle.
 
-    python -m benchmarks.exactness                     # random LLaDA and Dream fixtures, float32 and bf16
-    python -m benchmarks.exactness --prompts 16        # quicker
+    python -m benchmarks exactness                     # random LLaDA and Dream fixtures, float32 and bf16
+    python -m benchmarks exactness --prompts 16        # quicker
 
 For each family x dtype x decoding rule x cache mode, ``--prompts`` mixed prompts (lengths 3-40 tokens,
 caps of 1-3 blocks) run through the engine at batch 8 on the ``step`` schedule, so rows sit at

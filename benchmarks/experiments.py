@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from engine.config import blocks_needed
 from engine.models.loader import DiffusionLM
 
-from benchmarks.projection import project
-from benchmarks.systems import SYSTEMS, RunResult, interleaved, median_of, median_run, run_system
+from benchmarks.host_model import HostModel
+from benchmarks.summary import median, median_item
+from benchmarks.systems import SYSTEMS, RunResult, interleaved
+from benchmarks.throughput import project_run
 from benchmarks.workloads import Workload
 
 PROJECTION = ("llada-8b", "h200")  # the projected columns: LLaDA-8B shapes on one H200
@@ -45,19 +47,25 @@ SCALES = {
 BATCH_SIZE = 16
 
 
-def projected(result: RunResult, model: str = PROJECTION[0], device: str = PROJECTION[1]) -> dict:
-    """A run's per-forward trace priced for a real model on a GPU: **projected**, not measured."""
-    figures = project(result.extra["trace"], result.stats["generated_tokens"], model, device)
-    return {key: figures[key] for key in ("tokens_per_s", "mfu", "total_s", "refresh_s", "window_s")}
+def projected(result: RunResult, host: HostModel) -> dict:
+    """A run's per-forward trace priced for LLaDA-8B on an H200 with the host model (and the old
+    projection beside it): **projected**, not measured."""
+    figures = project_run(result, host, *PROJECTION)
+    return {key: figures[key] for key in ("tokens_per_s", "mfu", "total_s", "refresh_s", "window_s",
+                                          "host_bound_calls", "calls", "old_tokens_per_s", "old_mfu")}
 
 
-def _summary(label: str, runs: list[RunResult]) -> dict:
-    middle = median_run(runs)
-    return {"label": label, "system": middle.system, "rounds": len(runs), "projected": projected(middle),
-            "tokens_per_s": median_of(runs, "tokens_per_s"),
+def _median_of(runs: list[RunResult], key: str) -> float:
+    return median(run.stats[key] for run in runs)
+
+
+def _summary(label: str, runs: list[RunResult], host: HostModel) -> dict:
+    middle = median_item(runs, key=lambda run: run.tokens_per_s)
+    return {"label": label, "system": middle.system, "rounds": len(runs), "projected": projected(middle, host),
+            "tokens_per_s": _median_of(runs, "tokens_per_s"),
             "tokens_per_s_all": [run.tokens_per_s for run in runs],
             "accuracy": middle.accuracy, "outputs_digest": middle.extra["outputs_digest"],
-            **{key: median_of(runs, key) for key in (
+            **{key: _median_of(runs, key) for key in (
                 "effective_compute_ratio", "useful_row_fraction", "padding_fraction",
                 "scheduler_overhead_fraction", "mean_rows", "denoise_steps", "forward_passes", "window_forwards",
                 "generated_tokens", "peak_bounding_box_tokens")},
@@ -65,7 +73,7 @@ def _summary(label: str, runs: list[RunResult]) -> dict:
             "requests": middle.requests}
 
 
-def throughput(cases: list[tuple[Workload, DiffusionLM]], scale: Scale, log=print) -> dict:
+def throughput(cases: list[tuple[Workload, DiffusionLM]], scale: Scale, host: HostModel, log=print) -> dict:
     """Table II (and the per-request latencies behind Fig. 2): every schedule at batch 16.
 
     cases: each workload with the model it runs on (a replay workload's model steers its EOS)."""
@@ -73,7 +81,7 @@ def throughput(cases: list[tuple[Workload, DiffusionLM]], scale: Scale, log=prin
     for workload, lm in cases:
         variants = {system: {"system": system, "max_batch_size": BATCH_SIZE} for system in SYSTEMS}
         runs = interleaved(lm, variants, workload, scale.rounds, log)
-        rows = [_summary(label, results) for label, results in runs.items()]
+        rows = [_summary(label, results, host) for label, results in runs.items()]
         block = next(row for row in rows if row["system"] == "block")["tokens_per_s"]
         for row in rows:
             row["speedup_of_block"] = block / row["tokens_per_s"] if row["tokens_per_s"] else None
@@ -82,18 +90,18 @@ def throughput(cases: list[tuple[Workload, DiffusionLM]], scale: Scale, log=prin
     return tables
 
 
-def batch_sweep(lm: DiffusionLM, workload: Workload, scale: Scale, log=print) -> dict:
+def batch_sweep(lm: DiffusionLM, workload: Workload, scale: Scale, host: HostModel, log=print) -> dict:
     """Fig. 3 (effective compute ratio, useful row fraction) and Fig. 4 (latency percentiles) per batch size."""
     points = []
     for batch_size in scale.batch_sizes:
         variants = {system: {"system": system, "max_batch_size": batch_size} for system in SYSTEMS}
         runs = interleaved(lm, variants, workload, 1, log)
         for label, results in runs.items():
-            points.append({"batch_size": batch_size, **_summary(label, results)})
+            points.append({"batch_size": batch_size, **_summary(label, results, host)})
     return {"workload": workload.name, "requests": len(workload), "points": points}
 
 
-def capacity(lm: DiffusionLM, workload: Workload, scale: Scale, log=print) -> dict:
+def capacity(lm: DiffusionLM, workload: Workload, scale: Scale, host: HostModel, log=print) -> dict:
     """Table IV: under one token budget, the largest batch each system runs safely.
 
     ``static``/``shrink`` fix their batch size up front (Fast-dLLM's ``batch_size``): it is safe only if
@@ -121,7 +129,7 @@ def capacity(lm: DiffusionLM, workload: Workload, scale: Scale, log=print) -> di
             "peak_rows": run.peak_rows, "mean_rows": run.mean_cycle_rows,
             "peak_bounding_box_tokens": run.stats["peak_bounding_box_tokens"],
             "within_budget": run.stats["peak_bounding_box_tokens"] <= budget,
-            "tokens_per_s": run.tokens_per_s, "accuracy": run.accuracy, "projected": projected(run)})
+            "tokens_per_s": run.tokens_per_s, "accuracy": run.accuracy, "projected": projected(run, host)})
     return result
 
 
@@ -136,7 +144,7 @@ def _row_widths(lm: DiffusionLM, workload: Workload, block_length: int = 32) -> 
     return widths
 
 
-def ablations(lm: DiffusionLM, workload: Workload, scale: Scale, log=print) -> dict:
+def ablations(lm: DiffusionLM, workload: Workload, scale: Scale, host: HostModel, log=print) -> dict:
     """Block length 16/32/64 (throughput, accuracy); sorted vs arrival-order queue (throughput, padding).
     On the default ``step`` schedule."""
     workload = workload.head(scale.ablation_requests)
@@ -147,5 +155,5 @@ def ablations(lm: DiffusionLM, workload: Workload, scale: Scale, log=print) -> d
               "arrival": {"system": "step", "max_batch_size": BATCH_SIZE, "sort_pending": False}}
     queue_runs = interleaved(lm, queues, workload, scale.ablation_rounds, log)
     return {"workload": workload.name, "requests": len(workload),
-            "block_length": [_summary(label, runs) for label, runs in length_runs.items()],
-            "queue_order": [_summary(label, runs) for label, runs in queue_runs.items()]}
+            "block_length": [_summary(label, runs, host) for label, runs in length_runs.items()],
+            "queue_order": [_summary(label, runs, host) for label, runs in queue_runs.items()]}

@@ -162,3 +162,20 @@ def save(model: HostModel, name: str, directory: Path = CALIBRATION_DIR) -> Path
 def load(name: str, directory: Path = CALIBRATION_DIR) -> HostModel | None:
     path = Path(directory) / f"host-{name}.json"
     return HostModel.from_dict(json.loads(path.read_text())) if path.exists() else None
+
+
+def main(argv: list[str] | None = None) -> HostModel:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks host-model", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--deep-layers", type=int, default=32)
+    parser.add_argument("--compile", action="store_true", help="EngineConfig(compile=True)")
+    args = parser.parse_args(argv)
+    model = measure(device=args.device, deep_layers=args.deep_layers,
+                    **({"compile": True} if args.compile else {}))
+    path = save(model, args.device.split(":")[0] + ("-compiled" if args.compile else ""))
+    print(json.dumps(model.to_dict(), indent=1))
+    print(f"wrote {path}")
+    return model

@@ -1,6 +1,6 @@
 """Does the Ray Data layer cost throughput? One BlockServeActor vs the bare engine, same prompts, one run.
 
-    python -m benchmarks.pipeline_vs_engine --rows 96 --caps 32,64,96,128 --repeats 3 [--with-sequential]
+    python -m benchmarks pipeline --rows 96 --caps 32,64,96,128 --repeats 3 [--with-sequential]
 
 Both sides run the same frozen copy of the model with the same torch threads. The bare engine gets every
 prompt at once (``engine.generate``). The pipeline feeds them through ``ray.data`` in batches to one
@@ -22,6 +22,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+
+from benchmarks.summary import median_item
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,12 +88,7 @@ def run_pipeline(model: str, engine_config: dict, rows: list[dict], batch_size: 
             "end_to_end_s_incl_actor_startup": e2e_s}
 
 
-def median_run(runs: list[dict]) -> dict:
-    """The run with the median tokens/s (the upper median for an even count)."""
-    return sorted(runs, key=lambda run: run["tokens_per_s"])[len(runs) // 2]
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=96)
     parser.add_argument("--caps", default="32,64,96,128", help="per-row max_new_tokens, cycled")
@@ -102,7 +99,7 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--repeats", type=int, default=3, help="alternating engine/pipeline runs")
     parser.add_argument("--with-sequential", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
@@ -131,8 +128,8 @@ def main() -> None:
         engine_runs.append(run_engine(model, engine_config, rows))
         pipeline_runs.append(run_pipeline(model, engine_config, rows, args.batch_size, args.concurrency,
                                           args.threads))
-    result["engine"] = median_run(engine_runs)
-    result["pipeline"] = median_run(pipeline_runs)
+    result["engine"] = median_item(engine_runs, key=lambda run: run["tokens_per_s"])
+    result["pipeline"] = median_item(pipeline_runs, key=lambda run: run["tokens_per_s"])
     result["tokens_per_s_pairs"] = [[e["tokens_per_s"], p["tokens_per_s"]]
                                     for e, p in zip(engine_runs, pipeline_runs)]
     if args.with_sequential:

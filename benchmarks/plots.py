@@ -8,7 +8,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-from benchmarks.report import length_bins, percentiles  # noqa: E402
+from benchmarks.report import length_bins  # noqa: E402
+from benchmarks.summary import percentiles  # noqa: E402
 
 COLORS = {"step": "tab:blue", "block": "tab:green", "static": "tab:red", "shrink": "tab:orange"}
 

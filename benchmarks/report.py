@@ -1,20 +1,14 @@
 """Raw suite results -> a Markdown report laid out like the paper's tables and figures."""
 from __future__ import annotations
 
-import numpy as np
+from benchmarks.summary import percentiles
 
 LENGTH_BIN = 32  # output-length bins of one block
 PROJECTED_TOK_S = "H200 tok/s*"
 PROJECTED_NOTE = ("\\* projected, not measured: the run's per-forward trace priced for LLaDA-8B shapes on one H200 "
-                  "(`benchmarks/projection.py`; constants and their source in `benchmarks/hardware.py` / "
-                  "`benchmarks/calibration/`).")
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan")}
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"p50": float(p50), "p90": float(p90), "p99": float(p99)}
+                  "with the host model (`benchmarks/projection.py`, `benchmarks/host_model.py`; constants and "
+                  "their source in `benchmarks/hardware.py` / `benchmarks/calibration/`); old\\*: the old "
+                  "projection (GPU time + 1.92 ms per forward).")
 
 
 def length_bins(requests: list[dict]) -> dict[str, list[float]]:
@@ -46,14 +40,15 @@ def throughput_section(tables: dict) -> list[str]:
         lines += _table(
             ["system", "CPU tok/s (median)", "tok/s per round", "block speedup", "exact match",
              "same tokens as block", "eff. compute ratio", "useful row frac.", "padding frac.", "sched. overhead",
-             "forwards (window)", PROJECTED_TOK_S, "MFU*"],
+             "forwards (window)", PROJECTED_TOK_S, "MFU*", "old tok/s*"],
             [[row["label"], row["tokens_per_s"], " / ".join(f"{v:.1f}" for v in row["tokens_per_s_all"]),
               f"{row['speedup_of_block']:.2f}x", row["accuracy"], row["outputs_digest"] == block_digest,
               row["effective_compute_ratio"],
               row["useful_row_fraction"], row["padding_fraction"],
               f"{row['scheduler_overhead_fraction']:.1%}",
               f"{int(row['forward_passes'])} ({int(row['window_forwards'])})",
-              row["projected"]["tokens_per_s"], f"{row['projected']['mfu']:.1%}"] for row in table["rows"]])
+              row["projected"]["tokens_per_s"], f"{row['projected']['mfu']:.1%}",
+              row["projected"]["old_tokens_per_s"]] for row in table["rows"]])
         lines.append("")
     return lines + [PROJECTED_NOTE, "", "![measured vs projected](fig5_measured_vs_projected.png)", ""]
 

@@ -1,26 +1,25 @@
 """Reproduce the paper's evaluation side by side on one model, in one process.
 
-    python -m benchmarks.run --suite paper --device cpu --out benchmarks/results/cpu-full/
-    python -m benchmarks.run --suite paper --quick --out /tmp/bench-quick/          # < 3 min
-    python -m benchmarks.run --suite paper --smoke --only throughput --out /tmp/b/  # the CI piece
+    python -m benchmarks paper --scale full --device cpu --out benchmarks/results/paper/
+    python -m benchmarks paper --scale quick --out /tmp/bench-quick/          # < 3 min
+    python -m benchmarks paper --scale smoke --only throughput --out /tmp/b/  # the CI piece
 
-Writes ``results.json`` (raw figures, per-request latencies included), ``report.md`` and PNG figures.
+Writes ``results.json`` (raw figures, per-request latencies included, with the one results writer's
+meta block), ``report.md`` and PNG figures. The projected columns use the host model
+(``benchmarks.host_model``), measured at the start of the run.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from benchmarks import experiments, plots, report
+from benchmarks.results_io import meta
+from benchmarks.throughput import load_host_model
 from benchmarks.replay import replay
 from benchmarks.workloads import humaneval_for, tiny_tasks
 from engine.models import load_model
@@ -28,32 +27,20 @@ from engine.models import load_model
 PIECES = ("throughput", "sweep", "capacity", "ablations")
 
 
-def machine_description() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{os.cpu_count()} CPUs ({cpu}), torch {torch.__version__} with {torch.get_num_threads()} "
-            f"threads, Python {platform.python_version()}")
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks paper", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", default="paper", choices=["paper"])
+    parser.add_argument("--scale", default="full", choices=sorted(experiments.SCALES))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--model", default="tiny", help="'tiny' or a local LLaDA/Dream checkpoint directory")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/latest"))
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_const", dest="scale", const="quick", help="< 3 min on 2 cores")
-    size.add_argument("--smoke", action="store_const", dest="scale", const="smoke", help="seconds: CI")
+    parser.add_argument("--quick", action="store_const", dest="scale", const="quick", help="= --scale quick")
+    parser.add_argument("--smoke", action="store_const", dest="scale", const="smoke", help="= --scale smoke")
+    parser.add_argument("--host-model", default="measure", help="'measure' or a host-model JSON file")
     parser.add_argument("--only", default=",".join(PIECES), help=f"comma-separated subset of {PIECES}")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.set_defaults(scale="full")
     args = parser.parse_args(argv)
     unknown = set(args.only.split(",")) - set(PIECES)
     if unknown:
@@ -74,17 +61,16 @@ def main(argv: list[str] | None = None) -> dict:
     replay_code = replay("humaneval", lm, scale.replay_requests)  # answer lengths replayed, EOS steered
     replay_short = replay("short", lm, scale.replay_requests)
     code_lm, short_lm = replay_code.steered(lm), replay_short.steered(lm)
-    results: dict = {"meta": {
-        "command": "python -m benchmarks.run " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine_description(), "model": args.model, "dtype": args.dtype, "device": args.device,
+    host = load_host_model(args.host_model, args.device, args.scale)
+    results: dict = {"meta": meta(["paper", *(argv or [])]) | {
+        "model": args.model, "dtype": args.dtype, "device": args.device, "host_model": host.to_dict(),
         "scale": args.scale, "scale_settings": scale.__dict__, "pieces": pieces}}
     durations = {}
 
     def timed(piece: str, function, *arguments):
         print(f"== {piece}", flush=True)
         piece_started = time.perf_counter()
-        value = function(*arguments, log=lambda line: print(line, flush=True))
+        value = function(*arguments, host=host, log=lambda line: print(line, flush=True))
         durations[piece] = time.perf_counter() - piece_started
         return value
 

@@ -17,7 +17,7 @@ workload), or absolute (``--rates``, requests/s). The systems are interleaved ra
 arrival times and requests for both. Per run: throughput (generated tokens/s and requests/s over the
 makespan), latency p50/p99 (arrival to last block) and time to first block p50/p99.
 
-    PYTHONPATH=. python -m benchmarks.serve_load --quick --out benchmarks/results/serve_load/quick.json
+    python -m benchmarks serve-load --scale quick --out benchmarks/results/serve_load/quick
 """
 from __future__ import annotations
 
@@ -25,9 +25,7 @@ import argparse
 import asyncio
 import hashlib
 import json
-import math
 import random
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from pathlib import Path
 from actors.engine_loop import EngineLoop
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models.loader import DiffusionLM, load_model, resolve_model_dir
+from benchmarks.summary import median, percentile
 from engine.prompts import encode_prompt
 from tinylm.tasks import read_jsonl
 
@@ -65,12 +64,6 @@ class RunResult:
     mean_rows: float
     effective_compute_ratio: float
     generated_tokens: int
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (with few requests, p99 is the slowest one)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def build_workload(lm: DiffusionLM, count: int, min_blocks: int, max_blocks: int, block_length: int,
@@ -147,7 +140,7 @@ def summarize(results: list[RunResult]) -> list[dict]:
         row = {"rate_rps": round(rate, 4)}
         for system in SYSTEMS:
             runs = [result for result in results if result.rate_rps == rate and result.system == system]
-            row[system] = {key: statistics.median(getattr(run, key) for run in runs) for key in (
+            row[system] = {key: median(getattr(run, key) for run in runs) for key in (
                 "throughput_tok_s", "throughput_rps", "latency_p50_s", "latency_p99_s", "ttfb_p50_s",
                 "ttfb_p99_s", "effective_compute_ratio")}
         row["p99_latency_ratio"] = row["blockserve"]["latency_p99_s"] / row["static"]["latency_p99_s"]
@@ -158,7 +151,7 @@ def summarize(results: list[RunResult]) -> list[dict]:
     return summary
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--dtype", default="float32")
@@ -176,7 +169,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="16 requests, loads 0.6 and 1.0, 8 steps/block")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.load, args.steps_per_block = 16, "0.6,1.0", args.steps_per_block or 8
 

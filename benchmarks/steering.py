@@ -83,7 +83,7 @@ class SteeredModel:
         found = self._keys[index] == keys
         first = found.int().argmax(1, keepdim=True)  # the longest known prompt this row starts with
         request = self._key_request[index.gather(1, first)].squeeze(1)
-        self._unknown |= ~found.any(1).all()
+        self._unknown |= (~found.any(1)).any()
         if part.slots is not None:
             self._slot_request[part.slots] = request
         columns = part.read_columns + self._shift
@@ -124,6 +124,10 @@ class SteeredModel:
         rival_logit = logits.gather(-1, rival).squeeze(-1)
         logits.scatter_(-1, best[..., None], torch.where(lift, top + LIFT, top)[..., None])
         logits.scatter_(-1, rival, torch.where(hold, top - HOLD_GAP, rival_logit)[..., None])
+
+    def commit_counts(self, block_length: int) -> torch.Tensor:
+        """k[request, block, masked content positions left]: what each step of that block commits."""
+        return self._table(block_length)
 
     def _table(self, block_length: int) -> torch.Tensor:
         if block_length not in self._tables:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -103,14 +102,3 @@ def interleaved(lm: DiffusionLM, variants: dict[str, dict[str, Any]], workload: 
                 f"urf {result.stats['useful_row_fraction']:.2f}  "
                 f"overhead {result.stats['scheduler_overhead_fraction']:.1%}  acc {result.accuracy}")
     return results
-
-
-def median_of(results: list[RunResult], key: str) -> float:
-    """Median over rounds of a stats field (or ``tokens_per_s``)."""
-    return statistics.median(result.stats[key] for result in results)
-
-
-def median_run(results: list[RunResult]) -> RunResult:
-    """The round whose throughput is the median one (its per-request figures represent the system)."""
-    ordered = sorted(results, key=lambda result: result.tokens_per_s)
-    return ordered[(len(ordered) - 1) // 2]

@@ -2,23 +2,38 @@
 import contextlib
 import io
 import json
+from pathlib import Path
 
 import pytest
 
 from engine import EngineConfig, SamplingParams
 
 
-def test_smallest_suite_piece_writes_raw_json_a_report_and_a_figure(tmp_path):
-    from benchmarks import run
+HOST = {"fixed_ops": {"refresh": 200.0, "window": 150.0, "packed": 230.0},
+        "ops_per_layer": {"refresh": 30.0, "window": 30.0, "packed": 45.0},
+        "seconds_per_op": 5e-6, "gap_s": 2e-4, "source": "test figures"}
 
-    results = run.main(["--suite", "paper", "--smoke", "--only", "throughput", "--out", str(tmp_path)])
+
+@pytest.fixture
+def host_model_file(tmp_path):
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(HOST))
+    return str(path)
+
+
+def test_smallest_suite_piece_writes_raw_json_a_report_and_a_figure(tmp_path, host_model_file):
+    from benchmarks.__main__ import main
+
+    results = main(["paper", "--scale", "smoke", "--only", "throughput", "--host-model", host_model_file,
+                    "--out", str(tmp_path)])
     for workload in ("tiny-heldout", "humaneval"):
         table = results["throughput"][workload]
         assert [row["system"] for row in table["rows"]] == ["step", "block", "static", "shrink"]
         assert table["identical_outputs"], "the schedules must give every request the same answer"
         assert all(row["tokens_per_s"] > 0 for row in table["rows"])
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["meta"]["scale"] == "smoke"
+    assert saved["meta"]["scale"] == "smoke" and saved["meta"]["command"].startswith("python -m benchmarks paper")
+    assert {"date", "machine", "versions"} <= set(saved["meta"])
     assert "Table II" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "fig2_latency_vs_length.png").stat().st_size > 1000
 
@@ -55,18 +70,24 @@ def test_scheduler_replay_matches_the_engine_when_lengths_are_known(tiny_engine_
     assert replay["peak_box"] == engine.stats().peak_bounding_box_tokens
 
 
-def test_gpu_script_smoke_mode_prints_one_json_object():
-    from benchmarks import gpu
+def test_gpu_smoke_runs_the_whole_path_and_leaves_results_traces_and_a_summary(tmp_path):
+    from benchmarks.__main__ import main
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        gpu.main(["--smoke"])
-    result = json.loads(printed.getvalue())
-    for shape in ("llada-tiny", "dream-tiny"):
-        model = result["models"][shape]
-        for decoding in ("threshold-0.9", "quota-8-steps"):
-            assert set(model[decoding]["systems"]) == {"step", "block", "static", "shrink"}
-        assert model["capacity"]["block_mean_rows"] > 0
+        main(["gpu", "--smoke", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "results.json").read_text())
+    runs = results["models"]["llada-tiny"]["runs"]["modes"]["eager"]
+    assert set(runs) == {"step", "block", "static", "shrink"}
+    for system, run in runs.items():
+        assert run["generated_tokens"] > 0 and not run["timed_out"]
+        assert set(run["projection_error"]) == {"host model, default", "host model, fitted", "old, default"}
+        assert (tmp_path / "traces" / f"eager-{system}.jsonl").read_text().count("\n") == run["forwards"]
+    calibration = results["models"]["llada-tiny"]["calibration"]
+    assert calibration["rows"] and all(row["host_s"] > 0 for row in calibration["rows"])
+    assert (tmp_path / "environment.json").exists()
+    summary = (tmp_path / "summary.txt").read_text()
+    assert summary == printed.getvalue().rstrip("\n") + "\n" and len(summary.splitlines()) < 20
 
 
 def test_length_replay_stops_every_request_at_its_target_through_the_real_decoder(tiny_engine_factory):
@@ -86,16 +107,120 @@ def test_length_replay_stops_every_request_at_its_target_through_the_real_decode
     assert len({result.extra["outputs_digest"] for result in results.values()}) == 1
 
 
-def test_engine_throughput_reports_measured_and_projected_figures_per_schedule(tmp_path):
-    from benchmarks import engine_throughput
+def test_throughput_projects_each_schedule_with_the_host_model_and_the_old_projection(tmp_path, host_model_file):
+    from benchmarks.__main__ import main
 
-    result = engine_throughput.main(["--workload", "short", "--requests", "6", "--rounds", "1",
-                                     "--batch-size", "4", "--out", str(tmp_path / "et.json")])
+    from benchmarks.host_ops import FIXTURES
+
+    result = main(["throughput", "--scale", "smoke", "--workload", "short", "--host-model", host_model_file,
+                   "--model", str(FIXTURES / "tiny-llada"), "--out", str(tmp_path)])
     summary = result["workloads"]["short"]
     assert summary["identical_outputs"]
     for row in summary["systems"].values():
-        assert row["tokens_per_s"] > 0 and row["projected"]["tokens_per_s"] > 0
-        assert 0 < row["projected"]["mfu"] <= 1
-        assert row["projected"]["refresh_s"] + row["projected"]["window_s"] == pytest.approx(
-            row["projected"]["total_s"])
-    assert (tmp_path / "et.png").read_bytes()[:4] == b"\x89PNG"
+        projected = row["projected"]
+        assert row["tokens_per_s"] > 0 and 0 < projected["tokens_per_s"] < projected["sensitivity_tokens_per_s"][
+            "no host (GPU time only)"]
+        assert 0 < projected["mfu"] <= 1 and projected["old_tokens_per_s"] > 0
+        assert projected["refresh_s"] + projected["window_s"] == pytest.approx(projected["total_s"])
+    assert {"step_over_block_projected", "block_over_static_old_projection"} <= set(summary["figures"])
+    assert json.loads((tmp_path / "throughput.json").read_text())["meta"]["command"].startswith(
+        "python -m benchmarks throughput")
+    assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_experiment_is_reachable_from_the_one_cli():
+    import importlib
+
+    from benchmarks.__main__ import EXPERIMENTS, translate
+
+    for experiment in EXPERIMENTS:
+        module, argv = translate(experiment, "smoke", None, None, [])
+        assert callable(importlib.import_module(module).main), experiment
+    assert translate("aging", "full", None, Path("/tmp/x"), [])[1] == ["--json", "/tmp/x/aging.json"]
+    with pytest.raises(SystemExit, match="no --device"):
+        translate("gpu", None, "cuda", None, [])
+
+
+def test_one_median_and_one_percentile():
+    from benchmarks.summary import median, median_item, percentile
+
+    assert median([3.0, 1.0, 2.0, 10.0]) == 2.0  # the lower middle: an observed value
+    assert median_item([{"v": 3}, {"v": 1}, {"v": 2}, {"v": 10}], key=lambda item: item["v"]) == {"v": 2}
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5 and percentile([1.0, 2.0], 100) == 2.0
+
+
+def expected_row_steps(counts, answer_lengths: list[int], block: int = 32) -> int:
+    """Steps of every request's blocks up to its EOS block when each step commits what the table says."""
+    total = 0
+    for request, target in enumerate(answer_lengths):
+        for index in range(target // block + 1):
+            left = max(0, min(block, target - index * block))  # content positions before the EOS
+            steps = 1 if left == 0 else 0
+            while left:
+                left -= min(int(counts[request, index, left]), left)
+                steps += 1
+            total += steps
+    return total
+
+
+def test_commit_profile_decides_every_steps_commits_identically_for_every_schedule():
+    from benchmarks.host_ops import FIXTURES
+    from benchmarks.replay import replay
+    from benchmarks.systems import run_system
+    from engine.models import load_model
+
+    lm = load_model(FIXTURES / "tiny-llada", dtype="float32")  # random weights: the profile alone paces it
+    workload = replay("humaneval", lm, 4)
+    steered = workload.steered(lm)
+    counts = steered.model.commit_counts(32)
+    results = {system: run_system(steered, system, workload.workload, max_batch_size=3)
+               for system in ("step", "block", "static")}
+    for system in ("step", "block"):
+        assert sum(record.rows for record in results[system].extra["trace"]) == expected_row_steps(
+            counts, workload.answer_lengths)
+    assert len({result.extra["outputs_digest"] for result in results.values()}) == 1
+    assert [r["output_tokens"] for r in results["static"].requests] == workload.answer_lengths
+
+
+def test_replay_prompts_have_the_shipped_humaneval_bpe_widths(tiny_engine_factory):
+    from benchmarks.humaneval_lengths import load
+    from benchmarks.replay import CANVAS_TOKENS, replay
+
+    lm = tiny_engine_factory(dtype="float32").lm
+    shipped = load()
+    assert len(shipped["prompt_tokens"]) == 164 and 100 < shipped["prompt_tokens_median"] < 160
+    workload = replay("humaneval", lm)
+    keep = lm.max_length - CANVAS_TOKENS
+    assert [len(p) for p in workload.prompt_token_ids] == [min(w, keep) for w in shipped["prompt_tokens"]]
+    assert workload.answer_lengths == [min(n, CANVAS_TOKENS - 1) for n in shipped["solution_tokens"]]
+
+
+def test_steering_reads_nothing_back_to_the_host(monkeypatch):
+    """The wrapper's refresh and window steps add no host synchronisation to the base model's own."""
+    import torch
+
+    from benchmarks.calibrate_gpu import _parts, random_lm
+    from benchmarks.commit_profile import LLADA_THRESHOLD_09
+    from benchmarks.gpu import SMOKE_SHAPES
+    from benchmarks.steering import SteeredModel
+
+    lm = random_lm("t", *SMOKE_SHAPES["llada-tiny"], torch.device("cpu"), torch.float32)
+    syncs = []
+    for name in ("tolist", "item", "__bool__", "__int__", "__index__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name: syncs.append(_n) or _o(self, *a))
+    for refresh_rows, window_rows in ((2, 0), (0, 2), (1, 2)):
+        refresh, window, arena, _ = _parts(lm, refresh_rows, window_rows, 96, scattered=False)
+        prompts = ([row[:40].tolist() for row in refresh.tokens] if refresh is not None else []) + [
+            [7] * 40 + [row] for row in range(window_rows)]  # window rows are known by slot, not tokens
+        steered = SteeredModel(lm.model, logit_shift=0, mask_id=lm.tokens.mask_id, eos_id=lm.tokens.eos_id,
+                               stop_ids=lm.tokens.stop_ids, prompts=prompts, answer_lengths=[10] * len(prompts),
+                               canvas_tokens=64, profile=LLADA_THRESHOLD_09)
+        steered._slot_request[:len(prompts)] = torch.arange(len(prompts))  # as a refresh would have left it
+        with torch.no_grad():
+            syncs.clear()
+            lm.model.logits(lm.model.forward_step(refresh, window, arena))
+            base = len(syncs)
+            syncs.clear()
+            steered.logits(steered.forward_step(refresh, window, arena))
+        assert len(syncs) == base, f"steering added host syncs: {syncs}"
