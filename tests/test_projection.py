@@ -190,3 +190,57 @@ def test_an_efficiency_no_sample_is_bound_by_stays_at_the_device_default():
     fitted = fit_constants(compute_bound, LLADA_8B, H200_SXM)
     assert fitted.efficiency == pytest.approx(0.5, abs=1e-3)
     assert fitted.bandwidth_efficiency == pytest.approx(H200_SXM.bandwidth_efficiency, abs=1e-3)
+
+
+# --- the host model -----------------------------------------------------------------------------------
+
+def host(seconds_per_op: float, gap_s: float = 0.0):
+    from benchmarks.host_model import HostModel
+
+    return HostModel({"refresh": 200.0, "window": 150.0, "packed": 250.0},
+                     {"refresh": 40.0, "window": 40.0, "packed": 55.0}, seconds_per_op, gap_s, "test")
+
+
+def test_a_forward_costs_the_larger_of_gpu_and_host_time_plus_the_step_gap():
+    slow_host = host(seconds_per_op=10e-6, gap_s=3e-4)  # 150 + 32 x 40 ops = 1430 ops: 14.3 ms
+    cost = forward_cost(window(rows=1), LLADA_8B, H200_SXM, host=slow_host)
+    assert cost.bound == "host"
+    assert cost.host_s == pytest.approx(1430 * 10e-6)
+    assert cost.time_s == pytest.approx(cost.host_s + 3e-4)
+    big = forward_cost(refresh(rows=16), LLADA_8B, H200_SXM, host=slow_host)
+    assert big.bound == "compute" and big.time_s == pytest.approx(big.gpu_s + 3e-4)
+
+
+def test_packed_steps_pay_their_own_operation_count():
+    model = host(seconds_per_op=1e-6)
+    assert model.ops("packed", 32) == 250 + 32 * 55 > model.ops("window", 32)
+    assert forward_cost(packed(1, 1), LLADA_8B, H200_SXM, host=model).host_s == pytest.approx(
+        (250 + 32 * 55) * 1e-6)
+
+
+def test_the_host_model_projection_counts_elementwise_and_logit_traffic():
+    free_host = host(seconds_per_op=0.0)
+    with_traffic = forward_cost(window(rows=16), LLADA_8B, H200_SXM, DATASHEET_PEAKS, host=free_host)
+    roofline = forward_cost(window(rows=16), LLADA_8B, H200_SXM, DATASHEET_PEAKS)
+    traffic = (16 * 32 * LLADA_8B.layers * LLADA_8B.hidden * DATASHEET_PEAKS.elementwise_bytes_per_hidden
+               + 16 * 32 * LLADA_8B.vocab * DATASHEET_PEAKS.logit_bytes)
+    assert with_traffic.bytes - roofline.bytes == pytest.approx(traffic)
+    assert with_traffic.time_s == pytest.approx(roofline.time_s + traffic / H200_SXM.bandwidth)
+
+
+def test_a_host_bound_trace_projects_lower_than_the_old_constant_overhead_says():
+    trace = static_batch_trace()
+    old = project(trace, 1600, "llada-8b", "h200", default_constants(H200_SXM))
+    new = project(trace, 1600, "llada-8b", "h200", default_constants(H200_SXM), host=host(20e-6, 1e-3))
+    assert new["host_bound_calls"] == 80 and new["calls"] == 88  # every window step waits for the host
+    assert new["tokens_per_s"] < old["tokens_per_s"]
+    assert new["host_model"]["source"] == "test" and old["host_model"] is None
+
+
+def test_host_model_round_trips_through_its_calibration_file(tmp_path):
+    from benchmarks import host_model
+
+    model = host(7e-6, 2e-4)
+    host_model.save(model, "cpu", tmp_path)
+    assert host_model.load("cpu", tmp_path) == model
+    assert host_model.load("h200", tmp_path) is None
