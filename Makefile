@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: demo test install serve bench bench-quick clean
+.PHONY: demo test install serve bench bench-quick bench-gpu-smoke clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,10 +31,13 @@ serve: $(STAMP)
 	$(VENV)/bin/serve run configs/serve-tiny.yaml
 
 bench-quick: $(STAMP)
-	$(PY) -m benchmarks.run --suite paper --device cpu --quick --out benchmarks/results/quick
+	$(PY) -m benchmarks paper --scale quick --device cpu --out benchmarks/results/quick
 
 bench: $(STAMP)
-	$(PY) -m benchmarks.run --suite paper --device cpu --out benchmarks/results/paper
+	$(PY) -m benchmarks paper --scale full --device cpu --out benchmarks/results/paper
+
+bench-gpu-smoke: $(STAMP)
+	$(PY) -m benchmarks gpu --smoke --out benchmarks/results/gpu-smoke
 
 clean:
 	rm -rf $(VENV) .pytest_cache
