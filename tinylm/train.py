@@ -45,6 +45,7 @@ from tinylm.tokenizer import BOS, EOS, MASK, MAX_NUMBER, save_tokenizer
 
 HELDOUT_SEED, DEMO_SEED, VALIDATION_SEED = 1234, 5678, 4321
 HELDOUT_SIZE, DEMO_SIZE, VALIDATION_SIZE = 200, 2400, 64
+REWARM_STEPS = 100
 
 
 def tiny_config(vocab_size: int) -> TransformerConfig:
@@ -113,6 +114,7 @@ class Progress:
     cpu_seconds: float = 0.0
     best: dict = field(default_factory=dict)
     history: list = field(default_factory=list)
+    rewarm_from: int | None = None  # a resume with fresh optimizer moments ramps the lr up again
 
 
 def save_state(path: Path, model, optimizer, rng, progress: Progress) -> None:
@@ -181,11 +183,16 @@ def resume(state_file: Path, model, optimizer, rng: random.Random) -> Progress:
     # Loaded on the CPU: the RNG state must stay a CPU tensor; model and optimizer copy to their device.
     state = torch.load(state_file, weights_only=False, map_location="cpu")
     model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        fresh_optimizer = False
+    except ValueError as error:  # the model's parameter layout changed (e.g. fused projections)
+        print(f"optimizer state not reusable ({error}); fresh moments, lr re-warmed", flush=True)
+        fresh_optimizer = True
     rng.setstate(state["rng"])
     torch.set_rng_state(state["torch_rng"])
     return Progress(state["step"], state["elapsed"], state.get("cpu_seconds", 0.0), state.get("best", {}),
-                    state.get("history", []))
+                    state.get("history", []), rewarm_from=state["step"] if fresh_optimizer else None)
 
 
 def main() -> None:
@@ -230,6 +237,8 @@ def main() -> None:
         input_ids, positions, key_mask, labels, weights = (
             t.to(args.device) for t in make_batch(rng, tokenizer, excluded, ids, args.batch_size, mixture))
         lr = learning_rate(progress.step, progress.step / args.steps, args.lr)
+        if progress.rewarm_from is not None:
+            lr *= min(1.0, (progress.step - progress.rewarm_from + 1) / REWARM_STEPS)
         for group in optimizer.param_groups:
             group["lr"] = lr
         with autocast:
