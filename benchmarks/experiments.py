@@ -40,9 +40,9 @@ SCALES = {
                   ablation_requests=24, ablation_rounds=1, capacity_budget=4096),
     "quick": Scale(heldout=16, humaneval=8, rounds=1, sweep_requests=4, batch_sizes=(1, 4, 16),
                    ablation_requests=8, ablation_rounds=1, capacity_budget=2048, replay_requests=16),
-    "smoke": Scale(heldout=4, humaneval=2, rounds=1, sweep_requests=2, batch_sizes=(1, 2),
-                   ablation_requests=2, ablation_rounds=1, capacity_budget=1024, humaneval_max_new_tokens=64,
-                   replay_requests=3),
+    "smoke": Scale(heldout=2, humaneval=2, rounds=1, sweep_requests=2, batch_sizes=(1, 2),
+                   ablation_requests=2, ablation_rounds=1, capacity_budget=1024, humaneval_max_new_tokens=32,
+                   replay_requests=2),
 }
 BATCH_SIZE = 16
 

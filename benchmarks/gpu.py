@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     deadline = started + args.time_budget_s
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    requests, batch_size = (4, 2) if args.smoke else (args.requests, args.batch_size)
+    requests, batch_size = (3, 2) if args.smoke else (args.requests, args.batch_size)
     modes = ["eager"] if args.smoke else args.modes.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "environment.json").write_text(json.dumps(environment(device), indent=1) + "\n")

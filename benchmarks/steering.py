@@ -1,9 +1,11 @@
 """A benchmark-only model wrapper: each replayed request stops at its target length and commits at the
 profile's pace, decided on the device with no host synchronisation.
 
-At a refresh the wrapper recognises each row's prompt by a hash of its first L real tokens (for every
-prompt length L the replay knows), computed and looked up on the device, and remembers the request by
-arena slot so the window steps that follow (which see only the block) are steered too. In ``logits``:
+Rows are recognised by their width, which the replay makes distinct per request (``benchmarks.replay``):
+every replayed row is its prompt plus the same ``canvas_tokens``, so a refresh row's real-token count,
+or a window row's arena column minus its position (where the row starts, right-aligned in an arena of
+known width), gives its prompt length and so its request. Nothing is remembered per slot: the engine
+may move rows between slots. In ``logits``:
 
 * stop tokens other than EOS are forbidden; EOS is forbidden before the request's answer length and
   certain from it on (so EOS is committed inside the block where the answer ends, by the decoding rule);
@@ -12,7 +14,7 @@ arena slot so the window steps that follow (which see only the block) are steere
   masked content position gets a rival token 0.01 below its best (confidence <= 0.503): any threshold
   above 0.503 then commits exactly those k.
 
-A row whose prompt the replay does not know cannot raise mid-step without a sync; it sets a flag that
+A row of a width the replay does not know cannot raise mid-step without a sync; it sets a flag that
 :meth:`SteeredModel.verify` (called once after a run) turns into an error. Every other attribute is the
 base model's: the engine cannot tell the wrapper from a model.
 """
@@ -25,35 +27,27 @@ import torch
 from benchmarks.commit_profile import CommitProfile
 from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
 
-MAX_SLOTS = 1 << 16  # slot-indexed tables: far more arena slots than any engine allocates
 LIFT, HOLD_GAP = 30.0, 0.01
-HASH_COEFFICIENT_BITS = 20  # token ids < 2**18 and prompts < 2**12 tokens: sums stay below 2**50
 
 
 class SteeredModel:
     def __init__(self, base, *, logit_shift: int, mask_id: int, eos_id: int, stop_ids: Sequence[int],
-                 prompts: Sequence[Sequence[int]], answer_lengths: Sequence[int], canvas_tokens: int,
+                 prompt_lengths: Sequence[int], answer_lengths: Sequence[int], canvas_tokens: int,
                  profile: CommitProfile | None, seed: int = 0):
-        if len({tuple(prompt) for prompt in prompts}) != len(prompts):
-            raise ValueError("steering is keyed by prompt: every replayed prompt must be distinct")
+        if len(set(prompt_lengths)) != len(prompt_lengths):
+            raise ValueError("steering knows a request by its prompt length: every replayed prompt length must "
+                             "be distinct")
         device = next(base.parameters()).device
         self._base, self._shift, self._mask_id, self._eos_id = base, logit_shift, mask_id, eos_id
         self._other_stops = [token for token in stop_ids if token != eos_id]
         self._profile, self._seed, self._canvas, self._device = profile, seed, canvas_tokens, device
         special = {mask_id, eos_id, *stop_ids}
         self._rivals = [token for token in range(len(special) + 2) if token not in special][:2]
-        longest = max(map(len, prompts))
-        generator = torch.Generator().manual_seed(seed)
-        self._coefficients = torch.randint(1, 1 << HASH_COEFFICIENT_BITS, (longest,), generator=generator)
-        self._lengths = torch.tensor(sorted({len(p) for p in prompts}, reverse=True))  # longest match wins
-        keys = torch.stack([self._key(torch.tensor(p), len(p)) for p in prompts])
-        self._keys, order = keys.sort()
-        self._key_request = order
-        self._coefficients, self._lengths, self._keys, self._key_request = (
-            t.to(device) for t in (self._coefficients, self._lengths, self._keys, self._key_request))
-        self._prompt_length = torch.tensor([len(p) for p in prompts], device=device)
+        request_of_length = torch.full((max(prompt_lengths) + 2,), -1, dtype=torch.long)
+        request_of_length[torch.tensor(list(prompt_lengths))] = torch.arange(len(prompt_lengths))
+        self._request_of_length = request_of_length.to(device)
+        self._prompt_length = torch.tensor(list(prompt_lengths), device=device)
         self._target = torch.tensor(list(answer_lengths), device=device)
-        self._slot_request = torch.zeros(MAX_SLOTS, dtype=torch.long, device=device)
         self._unknown = torch.zeros((), dtype=torch.bool, device=device)
         self._tables: dict[int, torch.Tensor] = {}  # block length -> k[request, block, masked left]
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # request, canvas, masked
@@ -61,36 +55,29 @@ class SteeredModel:
     def __getattr__(self, name: str):
         return getattr(self._base, name)
 
-    def _key(self, tokens: torch.Tensor, length: int) -> torch.Tensor:
-        return (tokens[:length] * self._coefficients[:length]).sum() * 4096 + length
-
     def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
                      arena: KVArena | None) -> torch.Tensor:
         self._pending = []
         if refresh is not None:
             self._pending.append(self._refresh_rows(refresh))
         if window is not None:
-            self._pending.append(self._window_rows(window))
+            self._pending.append(self._window_rows(window, arena))
         return self._base.forward_step(refresh, window, arena)
 
-    def _refresh_rows(self, part: RefreshPart):
-        positions, real = part.positions, part.key_mask
-        inside = real & (positions < self._coefficients.shape[0])
-        terms = torch.where(inside, part.tokens * self._coefficients[positions.clamp(max=self._coefficients.shape[0] - 1)], 0)
-        prefix = positions[:, :, None] < self._lengths[None, None, :]  # [rows, w, lengths]
-        keys = (terms[:, :, None] * prefix).sum(1) * 4096 + self._lengths  # [rows, lengths]
-        index = torch.searchsorted(self._keys, keys).clamp(max=self._keys.shape[0] - 1)
-        found = self._keys[index] == keys
-        first = found.int().argmax(1, keepdim=True)  # the longest known prompt this row starts with
-        request = self._key_request[index.gather(1, first)].squeeze(1)
-        self._unknown |= (~found.any(1)).any()
-        if part.slots is not None:
-            self._slot_request[part.slots] = request
-        columns = part.read_columns + self._shift
-        return request, positions.gather(1, columns), part.tokens.gather(1, columns) == self._mask_id
+    def _request(self, prompt_lengths: torch.Tensor) -> torch.Tensor:
+        index = prompt_lengths.clamp(0, self._request_of_length.shape[0] - 1)
+        request = self._request_of_length[index]
+        self._unknown |= ((request < 0) | (prompt_lengths != index)).any()
+        return request.clamp(min=0)
 
-    def _window_rows(self, part: WindowPart):
-        request = self._slot_request[part.slots]
+    def _refresh_rows(self, part: RefreshPart):
+        request = self._request(part.key_mask.sum(1) - self._canvas)
+        columns = part.read_columns + self._shift
+        return request, part.positions.gather(1, columns), part.tokens.gather(1, columns) == self._mask_id
+
+    def _window_rows(self, part: WindowPart, arena: KVArena):
+        row_start = part.columns[:, 0] - part.positions[:, 0]  # the row's first column in the arena
+        request = self._request(arena.scratch_column - row_start - self._canvas)
         start = self._shift - part.read_shift
         positions = part.positions[:, start:start + part.num_read]
         return request, positions, part.tokens[:, start:start + part.num_read] == self._mask_id
@@ -136,6 +123,6 @@ class SteeredModel:
         return self._tables[block_length]
 
     def verify(self) -> None:
-        """Raise if any refreshed row started with a prompt the replay does not know (one sync)."""
+        """Raise if any row had a width the replay does not know (one sync)."""
         if bool(self._unknown):
-            raise KeyError("a refreshed row starts with no prompt this replay knows")
+            raise KeyError("a steered row's prompt length matches no request of this replay")
