@@ -125,7 +125,7 @@ def calibrate(lm: DiffusionLM, device: torch.device, smoke: bool, deadline: floa
     key = device_key(torch.cuda.get_device_name() if device.type == "cuda" else "")
     model, gpu = MODELS["llada-8b"], DEVICES[key]
     default = load_constants(key)
-    fitted = fit_constants([(s["record"], s["gpu_s"]) for s in samples], model, gpu)
+    fitted = fit_constants([(s["record"], s["gpu_s"]) for s in samples], model, gpu) if samples else default
     rows = calibration_rows([(s["record"], s["gpu_s"]) for s in samples], model, gpu, fitted)
     for row, sample in zip(rows, samples):
         row |= {"host_s": sample["host_s"], "scattered_slots": sample["scattered"],
