@@ -114,6 +114,38 @@ def print_table(name: str, summary: dict) -> None:
         print(f"  {key}: {value:.3f}")
 
 
+def markdown(result: dict) -> str:
+    """The tables RESULTS.md shows, from a run's raw figures (``throughput.md`` beside the JSON)."""
+    lines = []
+    for name, summary in result["workloads"].items():
+        notes = summary["notes"]
+        lines += [f"### replay-{name}: {notes['requests']} requests, {result['rounds']} round(s), batch "
+                  f"{result['batch_size']}; commit profile `{notes['commit_profile']}`, prompt widths "
+                  f"`{notes['prompt_widths']}` (median {notes['prompt_tokens_median']}), answers median "
+                  f"{notes['answer_tokens_median']}; outputs identical across schedules: "
+                  f"**{summary['identical_outputs']}**", "",
+                  "| schedule | CPU tok/s (rounds) | forwards | rows per forward | row-steps per block | forward "
+                  "tokens per generated token | **H200 tok/s\*** (host model) | MFU\* | host-bound forwards | "
+                  "old projection tok/s\* (MFU) |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for system, row in summary["systems"].items():
+            p = row["projected"]
+            rounds = " / ".join(f"{value:.0f}" for value in row["tokens_per_s_per_round"])
+            lines.append(f"| {system} | {row['tokens_per_s']:.1f} ({rounds}) | {row['forward_passes']:.0f} | "
+                         f"{row['rows_per_forward']:.2f} | {row['row_steps_per_block']:.2f} | "
+                         f"{row['forward_tokens_per_generated_token']:.1f} | **{p['tokens_per_s']:.0f}** | "
+                         f"{p['mfu']:.1%} | {p['host_bound_calls']}/{p['calls']} | "
+                         f"{p['old_tokens_per_s']:.0f} ({p['old_mfu']:.1%}) |")
+        labels = list(next(iter(summary["systems"].values()))["projected"]["sensitivity_tokens_per_s"])
+        lines += ["", "Sensitivity of the host-model projection (H200 tok/s\*, one constant moved at a time):", "",
+                  "| schedule | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+        for system, row in summary["systems"].items():
+            values = row["projected"]["sensitivity_tokens_per_s"]
+            lines.append(f"| {system} | " + " | ".join(f"{values[label]:.0f}" for label in labels) + " |")
+        lines += ["", "| ratio | value |", "|---|---|"]
+        lines += [f"| {key} | {value:.3f} |" for key, value in summary["figures"].items()] + [""]
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks throughput", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,5 +200,6 @@ def main(argv: list[str] | None = None) -> dict:
         print_table(name, summary)
     path = write_results(args.out, "throughput", result, ["throughput", *(argv or [])])
     figure = measured_vs_projected(result, args.out / "throughput.png")
+    (args.out / "throughput.md").write_text(markdown(result))
     print(f"wrote {path} and {figure}")
     return result
