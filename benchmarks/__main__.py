@@ -33,6 +33,8 @@ EXPERIMENTS: dict[str, tuple[str, dict[str, list[str]], str | None, bool]] = {
                    None, True),
     "host-ops": ("benchmarks.host_ops", {"smoke": ["--prompts", "4"], "quick": ["--prompts", "8"], "full": []},
                  None, False),
+    "compiled-step": ("benchmarks.compiled_step", {"smoke": ["--layers", "2", "--requests", "4", "--rounds", "1"],
+                                                   "quick": ["--rounds", "1"], "full": ["--mixed"]}, None, False),
     "aging": ("benchmarks.aging", {"smoke": ["--steps", "24"], "quick": ["--steps", "120"], "full": []},
               "aging.json:--json", False),
     "exactness": ("benchmarks.exactness", {"smoke": ["--prompts", "4"], "quick": ["--prompts", "16"], "full": []},

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -77,19 +78,30 @@ def step_op_counts(engine: BlockServeEngine, prompts, params) -> list[tuple[str,
 
 
 def per_layer_ops(fixture: str, count: int = 16, **config) -> dict:
-    """Mean operations per step of 1- and 2-layer models: per layer = difference, fixed = the rest."""
+    """Per forward kind (refresh, window, packed): the median operations of a step on 1- and 2-layer
+    models; per layer = their difference, fixed = the rest. Medians, because a step that admits
+    requests also pays for writing their rows."""
     lm = load_model(FIXTURES / fixture, dtype="float32")
     prompts, params = mixed_prompts(lm, count)
-    means = {}
+    medians: dict[str, dict[int, float]] = {}
+    steps: dict[str, int] = {}
     for layers in (1, 2):
         engine = BlockServeEngine(with_layers(lm, layers), EngineConfig(**config))
-        engine.generate(prompts[:2], params[:2])  # warm-up (first-call allocations)
+        engine.generate(prompts[:2], params[:2])  # warm-up (first-call allocations, compilation)
         engine.reset_stats()
-        counts = step_op_counts(engine, prompts, params)
-        means[layers] = sum(total for _, total in counts) / len(counts)
-    per_layer = means[2] - means[1]
-    return {"fixture": fixture, "steps": len(counts), "per_layer": round(per_layer, 1),
-            "fixed": round(means[1] - per_layer, 1), "at_32_layers": round(means[1] + 31 * per_layer)}
+        by_kind: dict[str, list[int]] = {}
+        for kind, total in step_op_counts(engine, prompts, params):
+            by_kind.setdefault(kind, []).append(total)
+        for kind, totals in by_kind.items():
+            medians.setdefault(kind, {})[layers] = statistics.median(totals)
+            steps[kind] = len(totals)
+    kinds = {}
+    for kind, median in medians.items():
+        if len(median) == 2:
+            per_layer = median[2] - median[1]
+            kinds[kind] = {"steps": steps[kind], "per_layer": per_layer, "fixed": median[1] - per_layer,
+                           "at_32_layers": median[1] + 31 * per_layer}
+    return {"fixture": fixture, "config": config, "kinds": kinds}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

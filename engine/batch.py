@@ -49,6 +49,7 @@ class StepBatch:
     num_top_logprobs: int  # the most alternatives one of them wants
     logprob_counts: list[int]  # the alternatives each of them wants (host side)
     record: ForwardRecord
+    moved_slots: tuple[tuple[int, int], ...] = ()  # (from, to) of rows moved mid-block before this step
 
     @property
     def num_rows(self) -> int:
@@ -73,6 +74,7 @@ class RowArena:
         self._columns = torch.arange(width, device=device)
         self._block_offsets = torch.arange(block_length, device=device)
         self._free = list(range(slots))
+        self._owners: dict[int, Request] = {}  # slot -> the running request that holds it
 
     @property
     def num_bytes(self) -> int:
@@ -105,11 +107,55 @@ class RowArena:
         self.key_mask[slot] = False
         self.key_mask[slot, start:self.width] = True
         request.slot = slot
+        self._owners[slot] = request
 
     def release(self, request: Request) -> None:
         if request.slot is not None:
             heapq.heappush(self._free, request.slot)
+            del self._owners[request.slot]
             request.slot = None
+
+    def _pack_window_rows(self, window: Sequence[Request]) -> tuple[tuple[int, int], ...]:
+        """Move rows so the window rows hold slots ``[0, len(window))``, and return the window rows'
+        moves ``(from, to)``.
+
+        A window row above that range moves into a hole below it with its cache (one copy of its
+        keys/values, all layers at once). A row in the way is not in its block's middle (it starts a
+        block now, or waits to at a block boundary), so its next forward rewrites every column of its
+        cache: it takes the vacated slot with its tokens only. So a window step reads its cache as one
+        view of consecutive slots, with no row between its rows.
+        """
+        count = len(window)
+        in_place = {r.slot for r in window if r.slot < count}
+        holes = [slot for slot in range(count) if slot not in in_place]
+        movers = sorted((r for r in window if r.slot >= count), key=_slot)
+        moves = []
+        for hole, mover in zip(holes, movers):
+            vacated = mover.slot
+            holder = self._owners.get(hole)
+            if holder is not None:
+                holder_row = self._row(hole)
+                self._write_row(hole, self._row(vacated), cache_from=vacated)
+                self._write_row(vacated, holder_row)
+                holder.slot, self._owners[vacated] = vacated, holder
+            else:
+                self._write_row(hole, self._row(vacated), cache_from=vacated)
+                self._free.remove(hole)
+                heapq.heapify(self._free)
+                heapq.heappush(self._free, vacated)
+                del self._owners[vacated]
+            mover.slot, self._owners[hole] = hole, mover
+            moves.append((vacated, hole))
+        return tuple(moves)
+
+    def _row(self, slot: int) -> tuple[torch.Tensor, ...]:
+        """A copy of a slot's tokens, positions and key mask."""
+        return self.tokens[slot].clone(), self.positions[slot].clone(), self.key_mask[slot].clone()
+
+    def _write_row(self, slot: int, row: tuple[torch.Tensor, ...], cache_from: int | None = None) -> None:
+        self.tokens[slot], self.positions[slot], self.key_mask[slot] = row
+        if cache_from is not None:
+            self.kv.kv[:, slot] = self.kv.kv[:, cache_from]
 
     # -- one step ----------------------------------------------------------------------------------
     def build_step(self, refresh: Sequence[Request], window: Sequence[Request]) -> StepBatch:
@@ -118,6 +164,7 @@ class RowArena:
         Without a cache every step is a whole-row forward."""
         if self.kv is None:
             refresh, window = [*refresh, *window], []
+        moved = self._pack_window_rows(window)
         refresh, window = sorted(refresh, key=_slot), sorted(window, key=_slot)
         rows = [*refresh, *window]
         sampled = [index for index, r in enumerate(rows) if r.params.temperature > 0]
@@ -142,7 +189,7 @@ class RowArena:
             logprob_rows=self._to_device(wants_logprobs)[0] if wants_logprobs else None,
             num_top_logprobs=max((rows[index].params.logprobs for index in wants_logprobs), default=0),
             logprob_counts=[rows[index].params.logprobs for index in wants_logprobs],
-            record=self._record(refresh, window, refresh_part, window_part))
+            record=self._record(refresh, window, refresh_part, window_part), moved_slots=moved)
 
     def _filters(self, sampled: Sequence[Request]) -> TokenFilters | None:
         """Top-k / top-p tensors for the sampled rows, only when one of them asks (no cost otherwise)."""

@@ -53,6 +53,8 @@ class EngineConfig:
     # decoding (a block's first step commits only its first position; cached windows start at the block);
     # "lookback": windows start one column before the block and every step applies the rule
     shifted_decoding: str = "fast-dllm"
+    compile: bool = False  # torch.compile each layer over bucketed shapes (engine/models/compiled.py);
+    # off by default until a GPU run shows it wins
     max_model_len: int | None = None  # widest admissible row (prompt + canvas), sizes the KV arena;
     # None: the model's maximum length up to DEFAULT_MAX_MODEL_LEN, capped by the token budget
 
@@ -70,6 +72,8 @@ class EngineConfig:
             _fail("max_wait_s", f"must be a non-negative number of seconds or None, got {self.max_wait_s!r}")
         if self.cache not in CACHE_MODES:
             _fail("cache", f"must be one of {CACHE_MODES}, got {self.cache!r}")
+        if not isinstance(self.compile, bool):
+            _fail("compile", f"must be true or false, got {self.compile!r}")
         if self.decoding not in DECODING_RULES:
             _fail("decoding", f"must be one of {DECODING_RULES}, got {self.decoding!r}")
         if not 0.0 < self.threshold <= 1.0:

@@ -104,6 +104,12 @@ class LogprobBuffer:
         self.top_values = torch.zeros((*shape, MAX_TOP_LOGPROBS), dtype=torch.float64, device=device)
         self.top_ids = torch.zeros((*shape, MAX_TOP_LOGPROBS), dtype=torch.long, device=device)
 
+    def move(self, moves: Sequence[tuple[int, int]]) -> None:
+        """Follow rows the arena moved to another slot mid-block (``(from, to)`` pairs)."""
+        for source, target in moves:
+            for buffer in (self.chosen, self.top_values, self.top_ids):
+                buffer[target] = buffer[source]
+
     def write(self, slots: torch.Tensor, commit: torch.Tensor, chosen: torch.Tensor, top_values: torch.Tensor,
               top_ids: torch.Tensor) -> None:
         """Record the positions ``commit`` [r, block] marks, for the rows in ``slots`` [r]."""

@@ -35,6 +35,7 @@ class ModelRunner:
     def __init__(self, lm: DiffusionLM, config: EngineConfig):
         self.lm = lm
         self.rule = decode_rule(config, lm.logit_shift)
+        lm.model.use_compiled(config.compile, config.max_batch_size)
         self.block_length = config.block_length
         self._stop_ids = torch.tensor(lm.tokens.stop_ids, device=lm.device)
         self.max_rows = config.max_batch_size
@@ -45,6 +46,8 @@ class ModelRunner:
         """One denoising step for every row of ``batch``; its one host synchronisation is at the end."""
         started = time.perf_counter()
         mask_id = self.lm.tokens.mask_id
+        if batch.moved_slots and self._logprobs is not None:
+            self._logprobs.move(batch.moved_slots)
         hidden = self.lm.model.forward_step(batch.refresh, batch.window, arena.kv)
         logits = self.lm.model.logits(hidden)  # [rows, block_length, vocab]: the active blocks only
         blocks = arena.block_tokens(batch)

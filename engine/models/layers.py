@@ -50,10 +50,11 @@ def rotary_tables(position_ids: torch.Tensor, head_dim: int, theta: float,
 def rotate_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` ``[..., heads, head_dim]`` in place, computing in the tables' dtype (float32 tables
     rotate a bf16 ``x`` in float32 and round once, as LLaDA's ``rope_full_precision``)."""
-    if x.dtype == cos.dtype and not (x.requires_grad and torch.is_grad_enabled()):
+    eager_inference = not torch.compiler.is_compiling() and not (x.requires_grad and torch.is_grad_enabled())
+    if x.dtype == cos.dtype and eager_inference:  # one op fewer; a compiled graph cannot take out= views
         torch.add(x * cos, x.roll(x.shape[-1] // 2, dims=-1) * signed_sin, out=x)
         return x
-    if x.dtype == cos.dtype:  # training (tinylm/train.py): out= has no autograd, copy_ does
+    if x.dtype == cos.dtype:  # training (out= has no autograd) or compiled: copy_
         return x.copy_(x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin)
     widened = x.to(cos.dtype)
     return x.copy_(widened * cos + widened.roll(x.shape[-1] // 2, dims=-1) * signed_sin)

@@ -176,6 +176,7 @@ class BidirectionalTransformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+        self.compiled = None  # a CompiledForward after use_compiled(True, ...)
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -189,18 +190,37 @@ class BidirectionalTransformer(nn.Module):
 
     def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
                      arena: KVArena | None) -> torch.Tensor:
-        """One packed forward of a refresh part and/or a window part.
+        """One packed forward of a refresh part and/or a window part (compiled after
+        :meth:`use_compiled`).
 
         Returns the hidden states the parts ask for, refresh rows first: ``[rows, n, hidden]``.
         """
+        if self.compiled is not None:
+            return self.compiled.forward_step(refresh, window, arena)
+        return self.forward_step_eager(refresh, window, arena)
+
+    def use_compiled(self, enabled: bool, max_rows: int) -> None:
+        """Run forwards through compiled, shape-bucketed layers (``engine.models.compiled``) or eagerly.
+        A property of this model object: every engine that shares it runs as the last one asked."""
+        from engine.models.compiled import CompiledForward
+
+        if not enabled:
+            self.compiled = None
+        elif self.compiled is None or self.compiled.max_rows < max_rows:
+            self.compiled = CompiledForward(self, max_rows)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(tokens)
+        return x * self.config.embedding_scale if self.config.embedding_scale != 1.0 else x
+
+    def forward_step_eager(self, refresh: RefreshPart | None, window: WindowPart | None,
+                           arena: KVArena | None) -> torch.Tensor:
         config = self.config
         plan = plan_step(refresh, window, arena, rotary_dtype(self.dtype, config.rope_full_precision),
                          self.dtype, config.head_dim, config.rope_theta)
         parts = [p for p in (refresh, window) if p is not None]
         tokens = torch.cat([p.tokens.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].tokens.reshape(-1)
-        x = self.embed_tokens(tokens)
-        if config.embedding_scale != 1.0:
-            x = x * config.embedding_scale
+        x = self.embed(tokens)
         for index, layer in enumerate(self.layers):
             x = layer(x, plan, index)
         read = [self._read(part, x[plan_part.offset:plan_part.offset + plan_part.num_tokens]

@@ -1,0 +1,152 @@
+"""A compiled step (``EngineConfig(compile=True)``): each layer of a forward runs as one compiled graph.
+
+Eager, a layer issues ~40 aten operations, each a dispatch (and on a GPU a kernel launch); compiled,
+it is one call of generated code whose elementwise work is fused. Every layer has the same code, so one
+graph serves all of a model's layers for a given shape; shapes are bucketed so a run compiles a bounded
+number of graphs:
+
+* rows round up to a power of two (at most the arena's slots); padding rows compute on pad tokens,
+  write their keys/values to the arena's scratch column and are dropped;
+* a refresh part's width and a window's context round up to the next of a few widths (a bucket
+  extends the box to the left, over columns that are padding for every row of the box: the arena
+  is right-aligned, so the columns are masked keys anyway); a prefix window's length rounds up to a
+  multiple of the block.
+
+A step with both parts runs them as two forwards (refresh first: it writes the cache the window does
+not read). Tokens do not change with padding: a padded row or column only ever meets masked keys.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.models.layers import attend, rotary_tables, rotate_
+from engine.models.packed_step import additive_mask, rotary_dtype
+from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
+
+WIDTH_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+
+
+def bucket(value: int, cap: int, buckets: tuple[int, ...] | None = None) -> int:
+    """The smallest bucket >= value (powers of two when ``buckets`` is None), never above ``cap``."""
+    if buckets is None:
+        size = 1
+        while size < value:
+            size *= 2
+        return min(size, cap)
+    return min(next((b for b in buckets if b >= value), value), cap)
+
+
+def _layer_step(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns,
+                rows: int, length: int, context_rows: int, context_start: int):
+    """One layer over one part (``rows`` x ``length`` tokens); ``context_rows`` 0: the part attends to
+    its own keys, else to arena slots ``[0, context_rows)`` from column ``context_start``."""
+    attention = layer.attention
+    heads, kv_heads, head_dim = attention.num_heads, attention.num_kv_heads, attention.head_dim
+    qkv = attention.qkv_proj(layer.input_norm(x)).view(x.shape[0], -1, head_dim)
+    rotate_(qkv[:, :heads + kv_heads], cos, signed_sin)
+    qkv = qkv.view(rows, length, -1, head_dim)
+    new_kv = qkv[:, :, heads:].view(rows, length, 2, kv_heads, head_dim)
+    if kv_layer is not None:
+        kv_layer[write_slots, :, :, write_columns] = new_kv
+    if context_rows:
+        keys, values = kv_layer[:context_rows, :, :, context_start:kv_layer.shape[3] - 1].unbind(1)
+    else:
+        keys, values = new_kv.transpose(1, 3).unbind(2)
+    x = x + attention.o_proj(attend(qkv[:, :, :heads], keys, values, mask))
+    return x + layer.mlp(layer.post_attention_norm(x))
+
+
+class CompiledForward:
+    """``forward_step`` of a :class:`BidirectionalTransformer` through compiled, shape-bucketed layers."""
+
+    def __init__(self, model, max_rows: int):
+        import torch._dynamo
+
+        # one graph per bucket combination; the default (8) would fall back to eager past 8 shapes
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        torch._dynamo.config.accumulated_cache_size_limit = max(
+            torch._dynamo.config.accumulated_cache_size_limit, 512)
+        self.model, self.max_rows = model, max_rows
+        self.layer_step = torch.compile(_layer_step, dynamic=False)
+        self.shapes: set[tuple] = set()  # the bucketed shapes run so far: one graph each
+
+    def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
+                     arena: KVArena | None) -> torch.Tensor:
+        hidden = []
+        if refresh is not None:
+            hidden.append(self._refresh(refresh, arena))
+        if window is not None:
+            hidden.append(self._window(window, arena))
+        return torch.cat(hidden) if len(hidden) > 1 else hidden[0]
+
+    def _refresh(self, part: RefreshPart, arena: KVArena | None) -> torch.Tensor:
+        rows, length = part.tokens.shape
+        padded_rows = bucket(rows, max(self.max_rows, rows))
+        padded_length = bucket(length, arena.width if part.slots is not None else 1 << 30, WIDTH_BUCKETS)
+        grow = padded_length - length
+        if part.slots is not None and part.first_column - grow < 0:
+            grow = part.first_column
+            padded_length = length + grow
+        tokens = _pad(part.tokens, padded_rows, grow, 0)
+        positions = _pad(part.positions, padded_rows, grow, 0)
+        key_mask = _pad(part.key_mask, padded_rows, grow, False)
+        key_mask[rows:, -1] = True  # a padding row sees one key: finite, and dropped
+        write_slots = write_columns = None
+        if part.slots is not None:
+            write_slots = _pad(part.slots[:, None], padded_rows, 0, 0)
+            columns = torch.arange(part.first_column - grow, part.first_column + length, device=tokens.device)
+            write_columns = columns.expand(padded_rows, -1).clone()
+            write_columns[rows:] = arena.width  # padding rows write the scratch column only
+        x = self._layers(tokens, positions, key_mask, arena if part.slots is not None else None,
+                         write_slots, write_columns, padded_rows, padded_length, 0, 0, "refresh")
+        hidden = x.view(padded_rows, padded_length, -1)[:rows, grow:]
+        return self.model._read(part, hidden)
+
+    def _window(self, part: WindowPart, arena: KVArena) -> torch.Tensor:
+        rows, length = part.tokens.shape
+        first, count = part.slot_range if part.slot_range is not None else (None, None)
+        if first != 0 or count != rows:  # only rows packed from slot 0 (the engine's layout) compile
+            return self.model.forward_step_eager(None, part, arena)
+        padded_rows = bucket(rows, arena.kv.shape[1])
+        # a dual window has one length per engine; a prefix window (block to row end) is bucketed
+        padded_length = length if length <= WIDTH_BUCKETS[1] else bucket(length, 1 << 30, WIDTH_BUCKETS)
+        context = bucket(arena.width - part.context_start, arena.width, WIDTH_BUCKETS)
+        start = arena.width - context
+        tokens = _pad(part.tokens, padded_rows, 0, 0, padded_length)
+        positions = _pad(part.positions, padded_rows, 0, 0, padded_length)
+        write_slots = torch.arange(padded_rows, device=tokens.device)[:, None]
+        write_columns = _pad(part.columns, padded_rows, 0, arena.width, padded_length)  # pads: scratch
+        key_mask = arena.key_mask[:padded_rows, start:arena.width].clone()
+        key_mask[rows:, -1] = True  # padding rows (free or refreshing slots) see one key, are dropped
+        x = self._layers(tokens, positions, key_mask, arena, write_slots, write_columns, padded_rows,
+                         padded_length, padded_rows, start, "window")
+        return self.model._read(part, x.view(padded_rows, padded_length, -1)[:rows])
+
+    def _layers(self, tokens, positions, key_mask, arena, write_slots, write_columns, rows, length,
+                context_rows, context_start, kind) -> torch.Tensor:
+        model, config = self.model, self.model.config
+        self.shapes.add((kind, rows, length, key_mask.shape[1]))
+        cos, signed_sin = rotary_tables(positions.reshape(-1), config.head_dim, config.rope_theta,
+                                        rotary_dtype(model.dtype, config.rope_full_precision))
+        mask = additive_mask(key_mask, model.dtype)
+        x = model.embed(tokens.reshape(-1))
+        for index, layer in enumerate(model.layers):
+            kv_layer = arena.layers[index] if arena is not None else None
+            x = self.layer_step(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns,
+                                rows, length, context_rows, context_start)
+        return x
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self.shapes)
+
+
+def _pad(tensor: torch.Tensor, rows: int, left: int, value, width: int | None = None) -> torch.Tensor:
+    """``tensor`` [r, n] padded to ``[rows, width]``: rows below, ``left`` columns on the left, the
+    rest (``width`` - left - n) on the right."""
+    width = width or left + tensor.shape[1]
+    if rows == tensor.shape[0] and width == tensor.shape[1]:
+        return tensor
+    out = tensor.new_full((rows, width), value)
+    out[:tensor.shape[0], left:left + tensor.shape[1]] = tensor
+    return out

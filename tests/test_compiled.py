@@ -1,0 +1,68 @@
+"""EngineConfig(compile=True): layers compiled over bucketed shapes give the tokens of the eager
+engine, batched equals solo, and a run compiles a bounded number of graphs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from torch._dynamo.utils import counters
+
+from engine import BlockServeEngine, EngineConfig, SamplingParams
+from engine.models import load_model
+from engine.models.compiled import bucket
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tiny-llada"
+
+
+@pytest.fixture(scope="module")
+def workload():
+    """Rows of 36-59 tokens (one width bucket) two at a time: four graphs to compile in all (refresh
+    and window, 1 and 2 rows), while rows still join, start blocks and leave at different steps."""
+    prompts = [[3 + (5 * i + j) % 60 for j in range(4 + 7 * i % 24)] for i in range(5)]
+    params = [SamplingParams(max_new_tokens=32, stop_at_eos=False) for _ in range(5)]
+    return prompts, params
+
+
+@pytest.fixture(scope="module")
+def compiled_run(workload):
+    """One compiled model (compiled once per test session's shapes), its batched outputs."""
+    lm = load_model(FIXTURE, dtype="float32")
+    engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2, compile=True))
+    graphs_before = counters["stats"]["unique_graphs"]
+    outputs = [o.token_ids for o in engine.generate(*workload)]
+    run = {"graphs": counters["stats"]["unique_graphs"] - graphs_before, "steps": engine.stats().denoise_steps}
+    return lm, outputs, run
+
+
+def test_buckets_round_rows_to_powers_of_two_and_widths_to_the_next_listed_width():
+    assert [bucket(n, 16) for n in (1, 2, 3, 5, 9, 17)] == [1, 2, 4, 8, 16, 16]
+    assert bucket(70, 4096, (32, 64, 96, 128)) == 96 and bucket(100, 90, (32, 64, 96, 128)) == 90
+
+
+def test_compiled_engine_gives_the_eager_engines_tokens(compiled_run, workload):
+    _, compiled, _ = compiled_run
+    eager = BlockServeEngine(load_model(FIXTURE, dtype="float32"), EngineConfig(max_batch_size=2))
+    assert [o.token_ids for o in eager.generate(*workload)] == compiled
+
+
+def test_compiled_batched_requests_equal_the_same_requests_alone(compiled_run, workload):
+    lm, batched, _ = compiled_run
+    prompts, params = workload
+    for index in (0, 3, 4):
+        engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2, compile=True))
+        assert engine.generate([prompts[index]], params[index])[0].token_ids == batched[index]
+
+
+def test_a_compiled_run_compiles_one_graph_per_bucketed_shape_not_per_step(compiled_run):
+    lm, _, run = compiled_run
+    assert run["graphs"] == lm.model.compiled.num_graphs <= 4  # torch's own count: one per shape
+    assert run["steps"] > 4 * run["graphs"]
+
+
+def test_an_engine_without_compile_runs_its_model_eagerly_again():
+    lm = load_model(FIXTURE, dtype="float32")
+    BlockServeEngine(lm, EngineConfig(max_batch_size=4, compile=True))
+    assert lm.model.compiled is not None
+    BlockServeEngine(lm, EngineConfig(max_batch_size=4, compile=False))
+    assert lm.model.compiled is None
