@@ -7,6 +7,7 @@ Experiments (``python -m benchmarks <experiment> --help`` lists each one's own o
     gpu                the one prepared GPU run (``--smoke``: the same path on the CPU, CI)
     host-model         measure the host model on --device and write benchmarks/calibration/host-<device>.json
     host-ops           aten operations per engine step, per layer and fixed
+    compiled-step      eager vs compiled steps on a 32-layer tiny-dimension LLaDA
     aging              what max_wait_s costs on a steady stream
     exactness          batched == solo share per family, dtype, rule, cache
     serve-load         online serving: step vs block vs static loops under Poisson arrivals

@@ -7,19 +7,19 @@ interleaved rounds; reported as the ratio of median step times, with the tokens 
 number of compiled graphs. ``--mixed`` also runs a 64-request mixed workload (arrivals, different
 prompt lengths) under all four schedules on one compiled model and reports the graphs it compiled.
 
-    python -m benchmarks.compiled_step                 # 32 layers, 16 requests, 3 rounds
-    python -m benchmarks.compiled_step --mixed         # + the 64-request graph count
+    python -m benchmarks compiled-step                 # 32 layers, 16 requests, 3 rounds
+    python -m benchmarks compiled-step --mixed         # + the 64-request graph count
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 
 from benchmarks.host_ops import FIXTURES, mixed_prompts, with_layers
+from benchmarks.summary import median
 from engine import BlockServeEngine, EngineConfig
 from engine.config import SCHEDULES
 from engine.models import load_model
@@ -49,8 +49,8 @@ def eager_vs_compiled(layers: int, count: int, rounds: int) -> dict:
     for _ in range(rounds):
         for compile in (False, True):
             tokens[compile], steps = timed_run(lm, prompts, params, compile)
-            medians[compile].append(statistics.median(steps))
-    eager, compiled = statistics.median(medians[False]), statistics.median(medians[True])
+            medians[compile].append(median(steps))
+    eager, compiled = median(medians[False]), median(medians[True])
     return {"layers": layers, "requests": count, "rounds": rounds,
             "eager_step_ms": round(eager * 1e3, 2), "compiled_step_ms": round(compiled * 1e3, 2),
             "compiled_over_eager": round(compiled / eager, 3), "compile_s": round(compile_s, 1),
