@@ -94,6 +94,9 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
+NOISE_CHUNK_ELEMENTS = 1 << 22  # int64 hash temporaries are built this many (position, token) pairs at a time
+
+
 def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, positions: torch.Tensor,
                  vocab_size: int) -> torch.Tensor:
     """Counter-based Gumbel noise ``[rows, block, vocab]`` in float32.
@@ -101,13 +104,19 @@ def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, positions: torch.Tens
     The noise of a (request seed, denoising step, canvas position, token) is a pure function of those
     four numbers, so it does not depend on which other requests share the batch.
     seeds/steps: [rows]; positions: [rows, block] (position within the request's canvas).
+    The integer hashing runs over chunks of positions, so its int64 temporaries stay within
+    ``NOISE_CHUNK_ELEMENTS`` elements each however many rows sample (LLaDA's vocabulary is 126k).
     """
-    vocab = torch.arange(vocab_size, device=positions.device, dtype=torch.int64)
-    key = _hash32((seeds & _UINT32)[:, None] ^ _hash32(steps[:, None] & _UINT32))
-    key = _hash32(key ^ positions)[..., None]
-    bits = _hash32(key ^ _hash32(vocab + 0x9E3779B9 & _UINT32))
-    uniform = ((bits >> 8).to(torch.float32) + 0.5) / 2.0**24  # 24 bits: exact in float32, never 0 or 1
-    return -torch.log(-torch.log(uniform))
+    vocab = _hash32(torch.arange(vocab_size, device=positions.device, dtype=torch.int64) + 0x9E3779B9 & _UINT32)
+    keys = _hash32(_hash32((seeds & _UINT32)[:, None] ^ _hash32(steps[:, None] & _UINT32)) ^ positions)
+    flat_keys = keys.reshape(-1)
+    noise = torch.empty((flat_keys.shape[0], vocab_size), dtype=torch.float32, device=positions.device)
+    chunk = max(1, NOISE_CHUNK_ELEMENTS // vocab_size)
+    for start in range(0, flat_keys.shape[0], chunk):
+        bits = _hash32(flat_keys[start:start + chunk, None] ^ vocab)
+        uniform = ((bits >> 8).to(torch.float32) + 0.5) / 2.0**24  # 24 bits: exact in float32, never 0 or 1
+        noise[start:start + chunk] = -torch.log(-torch.log(uniform))
+    return noise.view(*positions.shape, vocab_size)
 
 
 @dataclass(frozen=True)

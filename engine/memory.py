@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
+from engine.decoding import NOISE_CHUNK_ELEMENTS
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import KVArena
 
@@ -32,14 +33,18 @@ class MemoryModel:
     arena_bytes: int  # allocated once: KV slots (if cached) + token ids, positions, key masks
     bytes_per_box_token: int  # activations of one bounding-box token in a whole-row forward (estimate)
     logit_bytes_per_row: int  # float32 logits of one row's active block
+    sampling_bytes_per_row: int = 0  # a sampled row's float32 noise and scaled logits (its block)
+    sampling_scratch_bytes: int = 0  # the noise's int64 hash temporaries, bounded by chunking
 
     @property
     def fixed_bytes(self) -> int:
         return self.weight_bytes + self.arena_bytes
 
-    def peak_bytes(self, box_tokens: int, rows: int) -> int:
-        """Estimated peak for a step whose bounding box holds ``box_tokens`` tokens over ``rows`` rows."""
-        return self.fixed_bytes + box_tokens * self.bytes_per_box_token + rows * self.logit_bytes_per_row
+    def peak_bytes(self, box_tokens: int, rows: int, sampled_rows: int = 0) -> int:
+        """Estimated peak for a step whose bounding box holds ``box_tokens`` tokens over ``rows`` rows,
+        ``sampled_rows`` of them with temperature > 0."""
+        sampling = sampled_rows * self.sampling_bytes_per_row + (self.sampling_scratch_bytes if sampled_rows else 0)
+        return self.fixed_bytes + box_tokens * self.bytes_per_box_token + rows * self.logit_bytes_per_row + sampling
 
 
 def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
@@ -54,7 +59,9 @@ def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
         weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()),
         arena_bytes=arena_bytes,
         bytes_per_box_token=element * (6 * hidden + 3 * intermediate + model_config.num_heads * width),
-        logit_bytes_per_row=4 * config.block_length * model_config.vocab_size)
+        logit_bytes_per_row=4 * config.block_length * model_config.vocab_size,
+        sampling_bytes_per_row=2 * 4 * config.block_length * model_config.vocab_size,
+        sampling_scratch_bytes=3 * INDEX_BYTES * NOISE_CHUNK_ELEMENTS)
 
 
 def gib(num_bytes: int) -> str:

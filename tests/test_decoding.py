@@ -235,3 +235,15 @@ def test_batched_dream_decoding_equals_the_reference(alg):
         expected = reference_generate(lm, prompt, max_new_tokens=32, block_length=32, rule=rule, cache="none",
                                       stop_at_eos=False, shifted_decoding="lookback")
         assert output.token_ids == expected.token_ids
+
+
+def test_sampling_noise_is_the_same_whatever_its_chunking_and_its_scratch_is_bounded(monkeypatch):
+    """The int64 hashing runs over chunks of positions (LLaDA's 126k vocabulary at 64 sampled rows would
+    otherwise build ~2 GiB temporaries); the noise does not depend on the chunk size."""
+    import engine.decoding as decoding
+
+    seeds, steps = torch.tensor([5, 123456789]), torch.tensor([3, 40])
+    positions = torch.arange(8).repeat(2, 1) + torch.tensor([[0], [64]])
+    whole = gumbel_noise(seeds, steps, positions, 1000)
+    monkeypatch.setattr(decoding, "NOISE_CHUNK_ELEMENTS", 3000)  # three positions per chunk
+    assert torch.equal(gumbel_noise(seeds, steps, positions, 1000), whole)
