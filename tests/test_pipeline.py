@@ -1,6 +1,6 @@
 """The batch job, specified: ``python -m pipeline.run`` on the session's local Ray cluster.
 
-Runs are small (8-12 rows, one 32-token block each) and use a frozen copy of the tiny model.
+Runs are small (8-12 rows, 32 new tokens each) and use a frozen copy of the tiny model.
 """
 from __future__ import annotations
 
