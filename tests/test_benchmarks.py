@@ -30,7 +30,7 @@ def test_smallest_suite_piece_writes_raw_json_a_report_and_a_figure(tmp_path, ho
         table = results["throughput"][workload]
         assert [row["system"] for row in table["rows"]] == ["step", "block", "static", "shrink"]
         assert table["identical_outputs"], "the schedules must give every request the same answer"
-        if workload != "tiny-heldout":  # the model's own EOS may end every smoke answer at once
+        if workload.startswith("replay"):  # unsteered, the tiny model may write nothing but EOS
             assert all(row["tokens_per_s"] > 0 for row in table["rows"])
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["meta"]["scale"] == "smoke" and saved["meta"]["command"].startswith("python -m benchmarks paper")
