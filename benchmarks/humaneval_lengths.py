@@ -13,9 +13,10 @@ LLaDA's vocabulary, which was trained on far more text than code.
 from __future__ import annotations
 
 import json
-import statistics
 import sysconfig
 from pathlib import Path
+
+from benchmarks.summary import median
 
 DATA_PATH = Path(__file__).resolve().parent / "data" / "humaneval_lengths.json"
 VOCAB_SIZE = 126_464  # LLaDA-8B's embedding size
@@ -66,7 +67,7 @@ def compute() -> dict:
                   "Python standard library; see benchmarks/humaneval_lengths.py",
         "task_ids": [problem["task_id"] for problem in problems],
         "prompt_tokens": prompts, "solution_tokens": solutions,
-        "prompt_tokens_median": statistics.median(prompts), "solution_tokens_median": statistics.median(solutions),
+        "prompt_tokens_median": median(prompts), "solution_tokens_median": median(solutions),
         "characters_per_token": round(characters / (sum(prompts) + sum(solutions)), 3),
     }
 

@@ -10,7 +10,7 @@ just a model.
 Distributions:
 * ``humaneval``: the 164 problems' canonical-solution lengths and prompt lengths in LLaDA-like BPE
   tokens (``benchmarks/data/humaneval_lengths.json``, computed once by ``benchmarks.humaneval_lengths``:
-  prompt median 113, mean 130; solution median 45.5). Prompts (``widths="bpe"``) are that many seeded
+  prompt median 113, mean 130; solution median 45, the lower median). Prompts (``widths="bpe"``) are that many seeded
   ordinary token ids (their content does not matter once the profile paces the commits), clipped so
   prompt + canvas fits the model, then made distinct (the steering knows a request by its width; a
   taken width moves to the nearest free one, a few tokens on average). ``widths="text"`` is the replay before the commit profile: the
@@ -25,11 +25,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import statistics
 
 from benchmarks.commit_profile import LLADA_THRESHOLD_09, CommitProfile, profile_named
 from benchmarks.humaneval_lengths import load as load_humaneval_lengths
 from benchmarks.steering import SteeredModel
+from benchmarks.summary import median
 from benchmarks.workloads import DATA_DIR, Workload, chat, encode_text
 from engine import SamplingParams
 from engine.config import blocks_needed
@@ -116,9 +116,9 @@ def replay(name: str, lm: DiffusionLM, count: int | None = None, profile: str = 
     blocks = [blocks_needed(length + 1, 32) for length in lengths]
     notes |= {"requests": len(prompts), "canvas_tokens": CANVAS_TOKENS, "prompt_widths": widths,
               "commit_profile": profile, "commit_profile_mean": commit_profile.mean if commit_profile else None,
-              "answer_tokens_median": statistics.median(lengths), "answer_tokens_max": max(lengths),
+              "answer_tokens_median": median(lengths), "answer_tokens_max": max(lengths),
               "blocks_mean": round(sum(blocks) / len(blocks), 2),
-              "prompt_tokens_median": statistics.median(map(len, prompts)),
+              "prompt_tokens_median": median(map(len, prompts)),
               "prompt_width_shift_mean": round(shift, 2)}
     workload = Workload(name=f"replay-{name}", prompts=prompts, params=params, notes=notes)
     return ReplayWorkload(workload, prompts, lengths, commit_profile)
