@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 from collections import Counter
 from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.summary import median
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models import load_model
 from engine.models.loader import DiffusionLM
@@ -93,14 +93,14 @@ def per_layer_ops(fixture: str, count: int = 16, **config) -> dict:
         for kind, total in step_op_counts(engine, prompts, params):
             by_kind.setdefault(kind, []).append(total)
         for kind, totals in by_kind.items():
-            medians.setdefault(kind, {})[layers] = statistics.median(totals)
+            medians.setdefault(kind, {})[layers] = median(totals)
             steps[kind] = len(totals)
     kinds = {}
-    for kind, median in medians.items():
-        if len(median) == 2:
-            per_layer = median[2] - median[1]
-            kinds[kind] = {"steps": steps[kind], "per_layer": per_layer, "fixed": median[1] - per_layer,
-                           "at_32_layers": median[1] + 31 * per_layer}
+    for kind, by_layers in medians.items():
+        if len(by_layers) == 2:
+            per_layer = by_layers[2] - by_layers[1]
+            kinds[kind] = {"steps": steps[kind], "per_layer": per_layer, "fixed": by_layers[1] - per_layer,
+                           "at_32_layers": by_layers[1] + 31 * per_layer}
     return {"fixture": fixture, "config": config, "kinds": kinds}
 
 
