@@ -142,7 +142,8 @@ class ServeMetrics:
         self.tokens_per_s.set(report.stats.tokens_per_s)
         for stream, output in report.finished:
             self.requests.inc(tags={"finish_reason": output.finish_reason})
-            self.generated_tokens.inc(len(output.token_ids))
+            if output.token_ids:  # Ray's Counter refuses an increment of 0 (an answer that is just EOS)
+                self.generated_tokens.inc(len(output.token_ids))
             self.latency.observe(output.finish_time - stream.arrival_time)
             if stream.first_scheduled_time is not None:
                 self.queue_time.observe(stream.first_scheduled_time - stream.arrival_time)

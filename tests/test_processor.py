@@ -31,7 +31,7 @@ def test_processor_rows_carry_rays_columns_and_equal_engine_generate(ray_cluster
 
     def preprocess(row):
         if row["id"] == 6:  # a sampling key we cannot honour: that row's error, never ignored
-            return {"messages": chat(questions[0]), "sampling_params": {"top_p": 0.9}}
+            return {"messages": chat(questions[0]), "sampling_params": {"presence_penalty": 0.5}}
         return {"messages": chat(row["question"]), "question": row["question"],
                 "sampling_params": {"max_tokens": 32 if row["id"] % 2 else 64}}
 
@@ -46,7 +46,7 @@ def test_processor_rows_carry_rays_columns_and_equal_engine_generate(ray_cluster
                                                                                            "question": ""}])
     rows = processor(ds).take_all()
     failed = [row for row in rows if row["__inference_error__"]]
-    assert len(failed) == 1 and "unsupported key(s) ['top_p']" in failed[0]["__inference_error__"]
+    assert len(failed) == 1 and "unsupported key(s) ['presence_penalty']" in failed[0]["__inference_error__"]
     rows = sorted((row for row in rows if not row["__inference_error__"]), key=lambda row: row["id"])
 
     engine = BlockServeEngine.from_pretrained(tiny_model, EngineConfig(**ENGINE), dtype="float32")

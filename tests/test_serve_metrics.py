@@ -88,7 +88,10 @@ def test_every_replica_is_in_rays_metrics_export_with_its_tags(two_replicas):
     client = OpenAI(base_url=f"{two_replicas}/v1", api_key="x", max_retries=0, timeout=120)
 
     def ask(i: int) -> str:
-        answer = client.completions.create(model=MODEL, prompt=f"count from {i} to {i + 9}", max_tokens=32)
+        # a chat, as the tiny model was trained (raw prompts may get an empty answer, and a replica that
+        # only gave empty answers would never export the generated-tokens counter)
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"count from {20 + i} to {29 + i}"}], max_tokens=32)
         return answer.choices[0].finish_reason
 
     served: dict[str, float] = {}  # replica id -> requests it finished (its own /metrics)
