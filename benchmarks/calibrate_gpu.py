@@ -6,8 +6,9 @@ import time
 import torch
 
 from benchmarks import host_model
+from benchmarks.calibration_fit import calibration_rows, fit_constants
 from benchmarks.hardware import DEVICES, MODELS
-from benchmarks.projection import calibration_rows, fit_constants, forward_cost, load_constants
+from benchmarks.projection import forward_cost, load_constants
 from engine.models.loader import TINY_MODEL_DIR, DiffusionLM, SpecialTokens, load_tokenizer
 from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
 from engine.models.transformer import BidirectionalTransformer, TransformerConfig

@@ -28,8 +28,8 @@ model (``benchmarks.host_model.HostModel``) a forward costs instead
 
 (the elementwise kernels are memory-bound and run between the GEMMs, so their time adds; the host
 issues a step's operations while the GPU runs them and waits once per step). Not counted either way:
-the embedding gather. ``fit_constants`` fits the efficiencies (and the old model's overhead) to
-measured GPU seconds; ``load_constants`` reads the result.
+the embedding gather. ``benchmarks.calibration_fit.fit_constants`` fits the efficiencies (and the old
+model's overhead) to measured GPU seconds; ``load_constants`` reads the result.
 
 Per-part time of a packed call: each part is costed as if it were its own call and the two figures are
 scaled so they sum to the packed call's time (so refresh_s + window_s = total_s, and packing's saving is
@@ -40,13 +40,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from benchmarks.hardware import DEVICES, ELEMENTWISE_BYTES_PER_HIDDEN_PER_LAYER, LOGIT_BYTES, MODELS, Device, ModelShape
 
@@ -247,66 +244,3 @@ def project(trace: Sequence[ForwardRecord], generated_tokens: int, model: ModelS
         "mean_rows_per_forward": rows / n_calls if n_calls else 0.0,
         "mean_tokens_per_forward": tokens / n_calls if n_calls else 0.0,
     }
-
-
-def _fit_grid(flops: np.ndarray, nbytes: np.ndarray, seconds: np.ndarray, device: Device,
-              efficiencies: np.ndarray, bandwidths: np.ndarray,
-              prior: tuple[float, float]) -> tuple[float, float, float, float]:
-    """Best (efficiency, bandwidth_efficiency, overhead, loss) on a grid; overhead in closed form.
-
-    Residuals are relative (weight 1/t^2) so millisecond window steps count as much as long refreshes.
-    For fixed efficiencies the roofline part r_i is known and the weighted least-squares overhead is
-    o = sum w_i (t_i - r_i) / sum w_i, clipped at 0. Ties (a parameter no sample is bound by) go to the
-    grid point nearest ``prior``.
-    """
-    weights = 1.0 / seconds**2
-    memory = nbytes[None, :] / (device.bandwidth * bandwidths[:, None])  # [nb, n]
-    best: list[tuple[float, float, float, float]] = []
-    for efficiency in efficiencies:
-        roof = np.maximum(flops / (device.peak_flops * efficiency), memory)  # [nb, n]
-        overhead = np.clip(((seconds - roof) * weights).sum(1) / weights.sum(), 0.0, None)
-        loss = (((seconds - roof - overhead[:, None]) ** 2) * weights).sum(1)
-        best.extend(zip([float(efficiency)] * len(bandwidths), bandwidths.tolist(), overhead.tolist(),
-                        loss.tolist()))
-    lowest = min(entry[3] for entry in best)
-    ties = [entry for entry in best if entry[3] <= lowest * (1 + 1e-9) + 1e-15]
-    return min(ties, key=lambda e: (e[0] - prior[0]) ** 2 + (e[1] - prior[1]) ** 2)
-
-
-def fit_constants(samples: Sequence[tuple[ForwardRecord, float]], model: ModelShape,
-                  device: Device) -> Constants:
-    """Least-squares fit of (efficiency, bandwidth_efficiency, launch_overhead_s) to measured seconds.
-
-    A coarse grid (step 0.005), then finer grids (steps 5e-4, 5e-5, 5e-6) around the best point; numpy
-    only. Each efficiency is only identified by samples bound by it: include small window steps (memory-bound)
-    and large refreshes (compute-bound). An unidentified one stays at the device default.
-    """
-    if not samples:
-        raise ValueError("fit_constants needs at least one (record, seconds) sample")
-    flops = np.array([forward_flops(record, model) for record, _ in samples])
-    nbytes = np.array([forward_bytes(record, model) for record, _ in samples])
-    seconds = np.array([float(s) for _, s in samples])
-    prior = (device.efficiency, device.bandwidth_efficiency)
-    grid = np.arange(1, 201) * 0.005
-    e, b, overhead, loss = _fit_grid(flops, nbytes, seconds, device, grid, grid, prior)
-    for step in (5e-4, 5e-5, 5e-6):  # zoom: +-8 previous steps, recentred at an edge
-        for _ in range(10):
-            offsets = np.arange(-80, 81) * step
-            axes = [np.unique(np.clip(centre + offsets, step, 1.0)) for centre in (e, b)]
-            e, b, overhead, loss = _fit_grid(flops, nbytes, seconds, device, *axes, prior)
-            if all(axis[0] < value < axis[-1] or value in (step, 1.0) for axis, value in zip(axes, (e, b))):
-                break
-    rms = math.sqrt(loss / len(samples))
-    return Constants(e, b, overhead,
-                     source=f"fit to {len(samples)} samples on {device.name} (rms relative error {rms:.1%})")
-
-
-def calibration_rows(samples: Sequence[tuple[ForwardRecord, float]], model: ModelShape, device: Device,
-                     constants: Constants) -> list[dict]:
-    """The measured-vs-projected table ``save_constants`` stores next to the constants."""
-    rows = []
-    for record, seconds in samples:
-        cost = forward_cost(record, model, device, constants)
-        rows.append(record.to_dict() | {"measured_s": seconds, "projected_s": cost.time_s,
-                                        "bound": cost.bound})
-    return rows

@@ -6,13 +6,12 @@ import json
 import numpy as np
 import pytest
 
+from benchmarks.calibration_fit import calibration_rows, fit_constants
 from benchmarks.hardware import DEVICES, DREAM_7B, H200_SXM, LLADA_8B, MODELS
 from benchmarks.projection import (
     DEFAULT_SOURCE,
     Constants,
-    calibration_rows,
     default_constants,
-    fit_constants,
     forward_cost,
     load_constants,
     project,
