@@ -3,7 +3,8 @@
 A batch arrives as a ``pyarrow.Table`` (``batch_format="pyarrow"``, what the pipeline uses: input
 columns such as chat messages pass through untouched), a ``pandas.DataFrame``, or Ray's default
 ``dict[str, numpy.ndarray]``. Whatever came in goes back out in the same shape, with the new columns
-added as typed Arrow arrays so an all-null ``error`` column is still a string column in Parquet.
+added as typed Arrow arrays so an all-null ``error`` column is still a string column in Parquet. Ray's
+processor stages hand over a list of row dicts instead; :func:`input_rows` reads both.
 """
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-Batch = Any  # pa.Table | pandas.DataFrame | dict[str, np.ndarray]
+Batch = Any  # pa.Table | pandas.DataFrame | dict[str, np.ndarray] | list[dict] (Ray's processor stages)
+
+INPUT_COLUMNS = {  # what a row may hold, in Ray's LLM processor format
+    "messages": "a chat (gets the chat template)",
+    "prompt": "raw text or token ids",
+    "sampling_params": "per-row SamplingParams (vLLM or BlockServe names)",
+}
 
 
 def to_python(value: Any) -> Any:
@@ -58,6 +65,18 @@ def column_values(batch: Batch, name: str) -> list[Any] | None:
     if isinstance(batch, Mapping):
         return [to_python(value) for value in batch[name]]
     return [to_python(value) for value in batch[name].tolist()]
+
+
+def input_rows(batch: Batch, columns: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """One dict of :data:`INPUT_COLUMNS` values (plain Python) per row; a column the batch lacks is left
+    out. ``columns`` maps those names to the batch's own column names (default: the same names)."""
+    columns = columns or {name: name for name in INPUT_COLUMNS}
+    if isinstance(batch, list):
+        return [{name: to_python(row[column]) for name, column in columns.items() if column in row}
+                for row in batch]
+    values = {name: column_values(batch, column) for name, column in columns.items()}
+    present = {name: column for name, column in values.items() if column is not None}
+    return [{name: column[index] for name, column in present.items()} for index in range(num_rows(batch))]
 
 
 def with_columns(batch: Batch, columns: dict[str, pa.Array]) -> Batch:

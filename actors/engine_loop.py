@@ -25,10 +25,10 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from actors.request_stream import BlockEvent, RequestStream
 from engine import BlockServeEngine, EngineStats, RequestOutput, SamplingParams
 from engine.engine import StepReport
 from engine.prompts import Prompt
@@ -48,65 +48,32 @@ class EngineDeadError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class BlockEvent:
-    token_ids: list[int]  # what this block added to the request's output
-    output: RequestOutput | None = None  # set on the request's last event
-
-
-@dataclass(eq=False)
-class RequestStream:
-    """One request as its caller sees it: ``result`` resolves to its RequestOutput; with an event loop,
-    ``async for event in stream`` also yields one event per block."""
-
-    request_id: str
-    arrival_time: float
-    event_loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
-    first_scheduled_time: float | None = None  # start of the step that admitted it into a row
-    first_block_time: float | None = None  # end of the step that completed its first block
-    num_blocks: int = 0
-    result: Future = field(default_factory=Future, repr=False)
-    _queue: asyncio.Queue = field(default_factory=asyncio.Queue, repr=False)
-
-    def _push(self, item: BlockEvent | BaseException) -> None:  # called from the loop thread
-        if isinstance(item, BaseException):
-            if not self.result.done():
-                self.result.set_exception(item)
-        elif item.output is not None and not self.result.done():
-            self.result.set_result(item.output)
-        if self.event_loop is None:
-            return
-        try:
-            self.event_loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
-            pass
-
-    async def __aiter__(self) -> AsyncIterator[BlockEvent]:
-        if self.event_loop is None:
-            raise RuntimeError("this request was submitted with stream=False: await its result instead")
-        while True:
-            item = await self._queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.output is not None:
-                return
-
-
-@dataclass(frozen=True)
-class CycleReport:
+class StepSummary:
     """What one engine step did, for metrics (data only; built on the loop thread)."""
 
     num_waiting: int
     num_running: int
-    cycle: StepReport
+    step: StepReport
     stats: EngineStats
     finished: list[tuple[RequestStream, RequestOutput]]
+
+
+@dataclass(frozen=True)
+class AddRequest:  # inbox command: join the engine at the next step
+    request_id: str
+    prompt: Prompt
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class AbortRequest:  # inbox command: drop it (a running row leaves at the next block boundary)
+    request_id: str
 
 
 class EngineLoop:
     def __init__(self, engine: BlockServeEngine, *, batching: str = "continuous",
                  static_batch_timeout_s: float = 0.05, max_pending: int | None = 64,
-                 stall_timeout_s: float = 120.0, on_cycle: Callable[[CycleReport], None] | None = None,
+                 stall_timeout_s: float = 120.0, on_step: Callable[[StepSummary], None] | None = None,
                  on_death: Callable[[BaseException], None] | None = None):
         if batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
@@ -120,10 +87,10 @@ class EngineLoop:
         self.static_batch_timeout_s = static_batch_timeout_s
         self.max_pending = max_pending
         self.stall_timeout_s = stall_timeout_s
-        self.on_cycle = on_cycle
+        self.on_step = on_step
         self.on_death = on_death
         self._wakeup = threading.Condition()  # guards everything below that both threads touch
-        self._inbox: deque[tuple] = deque()
+        self._inbox: deque[AddRequest | AbortRequest] = deque()
         self._streams: dict[str, RequestStream] = {}
         self._waiting: dict[str, float] = {}  # submitted, not yet admitted into a row: id -> arrival
         self._num_running = 0
@@ -163,14 +130,14 @@ class EngineLoop:
                 self.first_submit_time = stream.arrival_time
             self._streams[request_id] = stream
             self._waiting[request_id] = stream.arrival_time
-            self._inbox.append(("add", request_id, prompt, params))
+            self._inbox.append(AddRequest(request_id, prompt, params))
             self._wakeup.notify()
         return stream
 
     def abort(self, request_id: str) -> None:
         """Drop a request: a waiting one leaves at once, a running one at the next block boundary."""
         with self._wakeup:
-            self._inbox.append(("abort", request_id))
+            self._inbox.append(AbortRequest(request_id))
             self._wakeup.notify()
 
     @property
@@ -189,7 +156,7 @@ class EngineLoop:
         return self._num_running
 
     def health_problem(self) -> str | None:
-        """None when healthy; otherwise why the loop cannot serve (dead thread, or stuck in a cycle)."""
+        """None when healthy; otherwise why the loop cannot serve (dead thread, or stuck in a step)."""
         if self._failure is not None:
             return f"engine loop died: {type(self._failure).__name__}: {self._failure}"
         if not self._thread.is_alive():
@@ -236,18 +203,18 @@ class EngineLoop:
         with self._wakeup:
             commands, self._inbox = self._inbox, deque()
         for command in commands:
-            if command[0] == "add":
-                self._end_idle()
-                try:
-                    self.engine.add_request(command[2], command[3], request_id=command[1])
-                except Exception as error:  # bad input finishes as "error" itself; this is a last resort
-                    with self._wakeup:
-                        self._waiting.pop(command[1], None)
-                        stream = self._streams.pop(command[1], None)
-                    if stream is not None:
-                        stream._push(error)
-            else:
-                self.engine.abort_request(command[1])
+            if isinstance(command, AbortRequest):
+                self.engine.abort_request(command.request_id)
+                continue
+            self._end_idle()
+            try:
+                self.engine.add_request(command.prompt, command.params, request_id=command.request_id)
+            except Exception as error:  # bad input finishes as "error" itself; this is a last resort
+                with self._wakeup:
+                    self._waiting.pop(command.request_id, None)
+                    stream = self._streams.pop(command.request_id, None)
+                if stream is not None:
+                    stream._push(error)
 
     def _end_idle(self) -> None:
         if self._idle_since is not None:
@@ -271,12 +238,12 @@ class EngineLoop:
     def _step(self) -> None:
         started = time.time()
         finished = {output.request_id: output for output in self.engine.step()}
-        cycle = self.engine.last_step
+        report = self.engine.last_step
         ended = time.time()
         self.stats = self.engine.stats()
         if finished:
             self.last_finish_time = ended
-        touched = list(dict.fromkeys([*cycle.admitted, *cycle.new_token_ids, *finished]))
+        touched = list(dict.fromkeys([*report.admitted, *report.new_token_ids, *finished]))
         with self._wakeup:
             for request_id in touched:
                 self._waiting.pop(request_id, None)
@@ -289,24 +256,24 @@ class EngineLoop:
             if stream is None:
                 continue
             output = finished.get(request_id)
-            if request_id in cycle.admitted:
+            if request_id in report.admitted:
                 stream.first_scheduled_time = started
-            if request_id in cycle.new_token_ids:
+            if request_id in report.new_token_ids:
                 stream.num_blocks += 1
                 if stream.first_block_time is None:
                     stream.first_block_time = output.finish_time if output is not None else ended
-            if request_id not in cycle.new_token_ids and output is None:
+            if request_id not in report.new_token_ids and output is None:
                 continue  # admitted, nothing committed yet
-            stream._push(BlockEvent(cycle.new_token_ids.get(request_id, []), output))
+            stream._push(BlockEvent(report.new_token_ids.get(request_id, []), output))
             if output is not None:
                 done.append((stream, output))
-        if self.on_cycle is not None:
-            report = CycleReport(num_waiting=num_waiting, num_running=self._num_running, cycle=cycle,
-                                 stats=self.stats, finished=done)
+        if self.on_step is not None:
+            summary = StepSummary(num_waiting=num_waiting, num_running=self._num_running, step=report,
+                                  stats=self.stats, finished=done)
             try:
-                self.on_cycle(report)
+                self.on_step(summary)
             except Exception:  # a metrics bug must not take the engine down
-                logger.exception("on_cycle callback failed")
+                logger.exception("on_step callback failed")
 
     def _fail_streams(self, error: EngineDeadError) -> None:
         with self._wakeup:

@@ -23,11 +23,12 @@ of every prompt through the object store).
 """
 from __future__ import annotations
 
+import importlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
-from pydantic import Field
+from pydantic import Field, field_validator
 
 TESTED_RAY_VERSIONS = ("2.60",)  # major.minor of Ray this hook is tested with
 
@@ -47,7 +48,9 @@ from ray.llm._internal.batch.processor.base import (  # noqa: E402  (after the v
     OfflineProcessorConfig, Processor, ProcessorBuilder)
 from ray.llm._internal.batch.stages.base import StatefulStage, StatefulStageUDF  # noqa: E402
 
-from actors.batch_rows import to_python  # noqa: E402
+from actors.batch_rows import INPUT_COLUMNS, input_rows  # noqa: E402
+
+DEFAULT_ACTOR_CLASS = "actors.block_serve_actor.BlockServeActor"
 
 
 class BlockServeProcessorConfig(OfflineProcessorConfig):
@@ -69,21 +72,38 @@ class BlockServeProcessorConfig(OfflineProcessorConfig):
     stats_actor: str | None = Field(None, description="a StatsRegistry name to report to")
     actor_options: dict[str, Any] = Field(
         default_factory=dict, description="other BlockServeActor arguments (stall_timeout_s, ...)")
+    actor_class: str = Field(DEFAULT_ACTOR_CLASS, description="import path of the stage's actor: "
+                             "BlockServeActor or a subclass (the tests' fault-injecting wrapper is one)")
+
+    @field_validator("actor_class")
+    @classmethod
+    def _importable(cls, path: str) -> str:
+        actor_class(path)  # a typo fails here, on the driver, not in every actor
+        return path
+
+
+def actor_class(path: str) -> type:
+    """The BlockServeActor (sub)class at ``module.Name``."""
+    from actors.block_serve_actor import BlockServeActor
+
+    module, _, name = path.rpartition(".")
+    found = getattr(importlib.import_module(module), name, None) if module else None
+    if not (isinstance(found, type) and issubclass(found, BlockServeActor)):
+        raise ValueError(f"actor_class {path!r} is not an importable BlockServeActor class")
+    return found
 
 
 class BlockServeStageUDF(StatefulStageUDF):
-    """Rows in Ray's processor format through one BlockServeActor (its engine loop)."""
+    """Rows in Ray's processor format through one BlockServeActor: the same ``generate_rows`` that
+    its ``map_batches`` door (``__call__``) calls."""
 
-    def __init__(self, data_column: str, expected_input_keys: list[str], **actor_kwargs: Any):
+    def __init__(self, data_column: str, expected_input_keys: list[str], actor_class_path: str,
+                 **actor_kwargs: Any):
         super().__init__(data_column, expected_input_keys)
-        from actors.block_serve_actor import BlockServeActor
-
-        self.actor = BlockServeActor(**actor_kwargs)
+        self.actor = actor_class(actor_class_path)(**actor_kwargs)
 
     async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        outputs = await self.actor.generate_rows([{key: to_python(row.get(key)) for key in
-                                                   ("messages", "prompt", "sampling_params")}
-                                                  for row in batch])
+        outputs = await self.actor.generate_rows(input_rows(batch))
         for row, output in zip(batch, outputs):
             yield {**output, self.IDX_IN_BATCH_COLUMN: row[self.IDX_IN_BATCH_COLUMN]}
 
@@ -92,8 +112,7 @@ class BlockServeStage(StatefulStage):
     fn: type[StatefulStageUDF] = BlockServeStageUDF
 
     def get_optional_input_keys(self) -> dict[str, str]:
-        return {"messages": "a chat (gets the chat template)", "prompt": "raw text or token ids",
-                "sampling_params": "per-row SamplingParams (vLLM or BlockServe names)"}
+        return dict(INPUT_COLUMNS)
 
 
 def build_blockserve_processor(config: BlockServeProcessorConfig, preprocess=None, postprocess=None,
@@ -101,10 +120,10 @@ def build_blockserve_processor(config: BlockServeProcessorConfig, preprocess=Non
                                postprocess_map_kwargs: dict | None = None) -> Processor:
     stage = BlockServeStage(
         fn_constructor_kwargs=dict(
-            model=config.model_source, engine=config.engine_kwargs, sampling=config.sampling_params,
-            chat_template=config.chat_template, should_continue_on_error=config.should_continue_on_error,
-            dtype=config.dtype, device=config.device, torch_threads=config.torch_threads,
-            stats_actor=config.stats_actor, **config.actor_options),
+            actor_class_path=config.actor_class, model=config.model_source, engine=config.engine_kwargs,
+            sampling=config.sampling_params, chat_template=config.chat_template,
+            should_continue_on_error=config.should_continue_on_error, dtype=config.dtype, device=config.device,
+            torch_threads=config.torch_threads, stats_actor=config.stats_actor, **config.actor_options),
         map_batches_kwargs=dict(
             zero_copy_batch=True,
             compute=ray.data.ActorPoolStrategy(

@@ -4,12 +4,13 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``
 (503 when the engine loop died or is stuck; ``check_health`` makes Serve replace such a replica) and
-``GET /metrics`` (Prometheus text of THIS replica only; a deployment's metrics, every replica tagged,
-go through Ray's metrics export: see ``serve_metrics``). Ray's part is this file only: the loop, the
+``GET /metrics`` (THIS replica's samples of Ray's metrics export; a deployment's metrics, every
+replica tagged, are Ray's export itself: see ``serve_metrics``). Ray's part is this file only: the loop, the
 protocol and the handlers are plain Python (``engine_loop``, ``openai_protocol``, ``openai_server``).
 """
 # No ``from __future__ import annotations`` here: Serve's ingress rebuilds the route methods, and FastAPI
 # must see real classes (not strings) in their signatures to read the JSON body.
+import asyncio
 import logging
 from typing import Any, Literal
 
@@ -17,7 +18,6 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from ray import serve
 from ray.serve import Application
@@ -31,6 +31,7 @@ from actors.serve_metrics import ServeMetrics
 from engine import BlockServeEngine, EngineConfig
 
 DEPLOYMENT_NAME = "BlockServeOpenAI"
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 logger = logging.getLogger("ray.serve")
 
 
@@ -133,7 +134,7 @@ class BlockServeOpenAI:
                                static_batch_timeout_s=self.config.static_batch_timeout_s,
                                max_pending=self.config.max_pending,
                                stall_timeout_s=self.config.stall_timeout_s,
-                               on_cycle=self.metrics.record_cycle).start()
+                               on_step=self.metrics.record_step).start()
         self.metrics.watch(self.loop)  # live queue / health gauges between engine steps
         self.server = OpenAIServer(
             self.loop, model_name=self.config.name, metrics=self.metrics,
@@ -164,9 +165,10 @@ class BlockServeOpenAI:
 
     @api.get("/metrics")
     async def replica_metrics(self) -> Response:
-        """This replica's metrics only (load-balanced: a random replica); scrape Ray's metrics export."""
-        self.metrics.refresh(self.loop)  # live, not as of the last engine step
-        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST,
+        """This replica's samples of Ray's metrics export (load-balanced: a random replica); scrape
+        Ray's export itself to monitor a deployment."""
+        text = await asyncio.to_thread(self.metrics.exported_text)
+        return Response(text, media_type=PROMETHEUS_TEXT,
                         headers={"X-BlockServe-Replica": self.metrics.identity["replica"]})
 
     def check_health(self) -> None:

@@ -8,7 +8,7 @@ validates their fields and rejects unknown ones), so their checks live in one pl
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -32,6 +32,8 @@ class ActorsConfig(_Section):
     max_concurrent_batches: int = Field(4, ge=1)  # batches one actor holds in flight (one engine)
     torch_threads: int | None = Field(None, ge=1)  # CPU actors: intra-op threads (None: Ray's default)
     startup_timeout_s: int = Field(600, ge=1)  # wait this long for every actor to load its model
+    actor_class: str | None = None  # import path of a BlockServeActor subclass; None: BlockServeActor
+    actor_options: dict[str, Any] = Field(default_factory=dict)  # more constructor arguments of the actor
 
 
 class BucketingConfig(_Section):
@@ -45,13 +47,6 @@ class BucketingConfig(_Section):
         if edges is not None and any(b <= a for a, b in zip(edges, edges[1:])):
             raise ValueError(f"must be strictly increasing, got {edges}")
         return edges
-
-
-class FaultConfig(_Section):
-    """Fault injection for tests: each actor fails once it has finished ``fail_after_rows`` rows."""
-
-    fail_after_rows: int | None = Field(None, ge=1)
-    mode: Literal["crash", "error"] = "crash"  # crash: process exits, Ray restarts it; error: job fails
 
 
 class PipelineConfig(_Section):
@@ -71,7 +66,6 @@ class PipelineConfig(_Section):
     sampling: SamplingParams = SamplingParams()
     actors: ActorsConfig = ActorsConfig()
     bucketing: BucketingConfig = BucketingConfig()
-    fault: FaultConfig = FaultConfig()
 
     @field_validator("engine", mode="before")
     @classmethod

@@ -99,7 +99,8 @@ def processor_config(config: PipelineConfig, num_actors: int, registry_name: str
         batch_size=config.actors.batch_size, max_concurrent_batches=config.actors.max_concurrent_batches,
         num_gpus_per_actor=config.actors.num_gpus, num_cpus_per_actor=config.actors.num_cpus,
         torch_threads=config.actors.torch_threads, stats_actor=registry_name,
-        actor_options={"fail_after_rows": config.fault.fail_after_rows, "fail_mode": config.fault.mode})
+        actor_options=config.actors.actor_options,
+        **({"actor_class": config.actors.actor_class} if config.actors.actor_class else {}))
 
 
 def generate(ds: ray.data.Dataset, config: PipelineConfig, num_actors: int,

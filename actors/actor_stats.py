@@ -1,0 +1,79 @@
+"""What one Ray Data actor instance reports to the driver: row counts, a latency sample, engine stats.
+
+The driver adds the snapshots up (``pipeline.stats``); an actor sends a full snapshot (not a delta)
+after each batch, through :class:`StatsReporter` to a named :class:`~actors.stats_registry.StatsRegistry`.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+LATENCY_SAMPLES = 2048  # per actor instance, for the driver's latency-by-length plot
+
+
+@dataclass
+class LatencyReservoir:
+    """A uniform sample of at most ``capacity`` (generated tokens, latency) pairs of every pair added
+    (reservoir sampling: each of the ``seen`` pairs is kept with probability capacity / seen)."""
+
+    capacity: int = LATENCY_SAMPLES
+    seen: int = 0
+    samples: list[tuple[int, float]] = field(default_factory=list)
+    _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
+
+    def add(self, num_tokens: int, latency_s: float) -> None:
+        self.seen += 1
+        if len(self.samples) < self.capacity:
+            self.samples.append((num_tokens, latency_s))
+        elif (slot := self._rng.randrange(self.seen)) < self.capacity:
+            self.samples[slot] = (num_tokens, latency_s)
+
+    def to_dict(self) -> dict[str, list]:
+        return {"num_generated_tokens": [s[0] for s in self.samples], "latency_s": [s[1] for s in self.samples]}
+
+
+@dataclass
+class ActorStats:
+    """Counts of one actor instance since it started (output rows as :mod:`actors.row_outputs` makes them)."""
+
+    rows: int = 0
+    error_rows: int = 0
+    batches: int = 0
+    sequence: int = 0  # snapshots taken: the registry keeps an instance's latest
+    latencies: LatencyReservoir = field(default_factory=LatencyReservoir)
+
+    def record(self, outputs: list[dict[str, Any]]) -> None:
+        self.batches += 1
+        for output in outputs:
+            self.rows += 1
+            if output["finish_reason"] == "error":
+                self.error_rows += 1
+            else:
+                self.latencies.add(output["num_generated_tokens"], output["time_taken_llm"])
+
+    def snapshot(self, identity: dict[str, Any], **measured: Any) -> dict[str, Any]:
+        """``identity`` (actor, instance, node, device, model, restarted) and these counts, plus the
+        ``measured`` engine and device figures: everything the driver aggregates, as plain JSON."""
+        self.sequence += 1
+        return {**identity, "sequence": self.sequence, "reported_at": time.time(), "rows": self.rows,
+                "error_rows": self.error_rows, "batches": self.batches, **measured,
+                "samples": self.latencies.to_dict()}
+
+
+class StatsReporter:
+    """Sends snapshots to the named StatsRegistry; ``report`` returns once the snapshot has landed, so
+    when a dataset has been consumed the registry holds every actor's final numbers."""
+
+    def __init__(self, registry_name: str):
+        self.registry_name = registry_name
+        self._registry = None
+
+    async def report(self, snapshot: dict[str, Any]) -> None:
+        import ray
+
+        if self._registry is None:
+            self._registry = ray.get_actor(self.registry_name)
+        await asyncio.wrap_future(self._registry.report.remote(snapshot).future())
