@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--caps", default="32,64,96,128", help="per-row max_new_tokens, cycled")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=3, help="batches in flight on the actor")
-    parser.add_argument("--max-batch-size", type=int, default=16, help="engine rows per block cycle")
+    parser.add_argument("--max-batch-size", type=int, default=16, help="engine rows per step")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--repeats", type=int, default=3, help="alternating engine/pipeline runs")

@@ -3,7 +3,7 @@ and route rows of similar prompt length together.
 
 Routing by length
 -----------------
-A block cycle costs ``rows x widest row`` (the bounding box), so an engine fed prompts of similar length
+A step costs ``rows x widest row`` (the bounding box), so an engine fed prompts of similar length
 wastes little on padding. The CPU stage :func:`add_prompt_lengths` tokenizes each prompt exactly as the
 engine will (chat template included) and records ``num_prompt_tokens``. Bucket edges come from the config
 or, given only a count, from quantiles of the measured lengths (equal-sized buckets). Then::

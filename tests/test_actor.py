@@ -59,11 +59,11 @@ def test_concurrent_batches_share_one_engine_and_each_returns_whole_in_input_ord
     rows = demo_rows(12, start=100)
     batches = [pa.table({"id": [r["id"] for r in rows[i:i + 4]],
                          "prompt": [r["prompt"] for r in rows[i:i + 4]]}) for i in range(0, 12, 4)]
-    rows_per_cycle = []
+    rows_per_step = []
     run_step = actor.engine.runner.run_step
 
     def recording_run(batch, arena):
-        rows_per_cycle.append(batch.num_rows)
+        rows_per_step.append(batch.num_rows)
         return run_step(batch, arena)
 
     actor.engine.runner.run_step = recording_run
@@ -83,7 +83,7 @@ def test_concurrent_batches_share_one_engine_and_each_returns_whole_in_input_ord
     assert texts == [e.text for e in expected]
     # rows of different batches were decoded side by side (a batch holds 4 rows, the engine up to 8);
     # one batch at a time, with a drain-and-refill at each boundary, no step could exceed 4 rows
-    assert max(rows_per_cycle) == 8
+    assert max(rows_per_step) == 8
 
 
 def test_bad_rows_get_an_error_and_the_rest_of_the_batch_is_unaffected(actor, engine):

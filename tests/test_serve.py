@@ -25,7 +25,7 @@ from engine import BlockServeEngine, EngineConfig, SamplingParams
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY_DIR = REPO_ROOT / "assets" / "tiny"
 MODEL = "blockserve-tiny"
-ENGINE = {"max_batch_size": 16, "steps_per_block": 4}  # a step cap keeps CPU block cycles short
+ENGINE = {"max_batch_size": 16, "steps_per_block": 4}  # a step cap keeps CPU blocks short
 SMALL_ENGINE = {"max_batch_size": 2, "steps_per_block": 4}
 TIMEOUT_S = 120.0
 SMALL_KEY = "small-secret"
