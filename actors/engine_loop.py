@@ -237,8 +237,8 @@ class EngineLoop:
 
     def _step(self) -> None:
         started = time.time()
-        finished = {output.request_id: output for output in self.engine.step()}
-        report = self.engine.last_step
+        report = self.engine.step()
+        finished = {output.request_id: output for output in report.finished}
         ended = time.time()
         self.stats = self.engine.stats()
         if finished:

@@ -38,7 +38,7 @@ def run(lm, max_wait_s: float | None, steps: int, wide_every: int) -> dict:
             arrived[engine.add_request(SHORT_PROMPT, params)] = ("short", step)
             if step % wide_every == wide_every // 2:
                 arrived[engine.add_request(WIDE_PROMPT, params)] = ("wide", step)
-        for output in engine.step():
+        for output in engine.step().finished:
             kind, at = arrived[output.request_id]
             latency[kind].append(step - at + 1)
         step += 1

@@ -32,7 +32,7 @@ def timed_run(lm, prompts, params, compile: bool) -> tuple[list[list[int]], list
     outputs, step_times = {}, []
     while engine.has_unfinished_requests():
         started = time.perf_counter()
-        finished = engine.step()
+        finished = engine.step().finished
         step_times.append(time.perf_counter() - started)
         outputs.update({o.request_id: o.token_ids for o in finished})
     return [outputs[i] for i in ids], step_times

@@ -38,7 +38,7 @@ def simulate_schedule(prompt_lengths: list[int], max_new_tokens: list[int], conf
         rows_per_step.append(len(rows))
         boxes.append(len(rows) * max(request.width for request in rows))
         complete = {r.request_id: r.step_in_block + 1 >= steps_per_block for r in rows}
-        scheduler.update(StepOutput(rows={request_id: RowResult(done, False, block if done else None)
+        scheduler.update(StepOutput(rows={request_id: RowResult(done, None, block if done else None)
                                           for request_id, done in complete.items()}, model_time_s=0.0))
     return {"steps": len(rows_per_step), "peak_rows": max(rows_per_step),
             "mean_rows": sum(rows_per_step) / len(rows_per_step), "peak_box": max(boxes),

@@ -56,7 +56,7 @@ def run_system(lm: DiffusionLM, system: str, workload: Workload, **config: Any) 
     ids = [engine.add_request(prompt, params) for prompt, params in zip(workload.prompts, workload.params)]
     outputs, cycle_rows = {}, []
     while engine.has_unfinished_requests():
-        finished = engine.step()
+        finished = engine.step().finished
         # rows of the cycle just run = rows still running + rows it just evicted
         cycle_rows.append(engine.num_running + sum(o.finish_reason != "error" for o in finished))
         outputs.update((output.request_id, output) for output in finished)

@@ -15,7 +15,6 @@ from engine.config import EngineConfig, SamplingParams, blocks_needed, window_lo
 from engine.memory import check_arena_fits
 from engine.models.loader import DiffusionLM, load_model
 from engine.prompts import Prompt, PromptTooLongError, encode_prompt
-from engine.reference import trim_at_stop
 from engine.request import Request, RequestOutput, RequestStatus, TokenLogprob
 from engine.runner import ModelRunner, StepOutput
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -25,10 +24,13 @@ from engine.trace import ForwardRecord
 
 @dataclass(frozen=True)
 class StepReport:
-    """What the last ``step()`` did (data only): for streaming and monitoring."""
+    """What one ``step()`` did (data only): its finished requests, and for streaming and monitoring
+    what each completed block added and who joined."""
 
+    finished: list[RequestOutput] = field(default_factory=list)  # finished at its end (and any
+    # rejected or aborted while pending)
     new_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> tokens its
-    # just-completed block added to its output (trimmed at a stop token; empty past one or its cap)
+    # just-completed block added to its output (up to a stop token; empty past one or its cap)
     admitted: tuple[str, ...] = ()  # request ids that joined at this step
     num_rows: int = 0
     bounding_box_tokens: int = 0
@@ -50,7 +52,6 @@ class BlockServeEngine:
         self._early_outputs: list[RequestOutput] = []  # rejected or aborted while pending
         self._sequence = itertools.count()
         self._seed_source = random.Random(0)
-        self.last_step = StepReport()
 
     @classmethod
     def from_pretrained(cls, model: str | Path, config: EngineConfig | None = None,
@@ -140,75 +141,62 @@ class BlockServeEngine:
         return len(self.scheduler.running)
 
     # -- the loop ----------------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        """Run ONE denoising step; return the requests that finished at its end (and any rejected)."""
+    def step(self) -> StepReport:
+        """Run ONE denoising step; return what it did: the requests that finished at its end (and any
+        rejected), and the new output tokens of each row whose block it completed."""
         started = time.perf_counter()
         plan = self.scheduler.schedule(time.time())
         for request in plan.admitted:
             self.arena.place(request)
-        output = self._run(plan)
+        output, record = self._run(plan)
+        update = self.scheduler.update(output)
         finished, self._early_outputs = self._early_outputs, []
-        finished += [self._finish(request) for request in self.scheduler.update(output)]
+        finished += [self._finish(request) for request in update.finished]
         self.stats_collector.add_elapsed(time.perf_counter() - started)
-        return finished
+        return StepReport(finished=finished, new_token_ids=update.new_token_ids,
+                          admitted=tuple(request.request_id for request in plan.admitted),
+                          num_rows=record.rows, bounding_box_tokens=record.bounding_box_tokens)
 
-    def _run(self, plan: SchedulerOutput) -> StepOutput:
+    def _run(self, plan: SchedulerOutput) -> tuple[StepOutput, ForwardRecord]:
         if not plan.num_rows:
-            self.last_step = StepReport()
-            return StepOutput(rows={}, model_time_s=0.0)
+            return StepOutput(rows={}, model_time_s=0.0), ForwardRecord()
         batch = self.arena.build_step(plan.refresh, plan.window)
         output = self.runner.run_step(batch, self.arena)
         self._account(plan, batch.record, output)
-        return output
+        return output, batch.record
 
     def _account(self, plan: SchedulerOutput, record: ForwardRecord, output: StepOutput) -> None:
-        rows = {request.request_id: request for request in (*plan.refresh, *plan.window)}
-        completed = {request_id: rows[request_id] for request_id, result in output.rows.items()
-                     if result.block_complete}
-        for request_id, request in completed.items():
-            if output.rows[request_id].block_logprobs is not None:
-                request.committed_logprobs.append(output.rows[request_id].block_logprobs)
+        """Stats of a step, taken before its results change the requests."""
+        rows = (*plan.refresh, *plan.window)
         self.stats_collector.record_step(
-            record, useful_rows=sum(request.is_decoding_own_output for request in rows.values()),
+            record, useful_rows=sum(request.is_decoding_own_output for request in rows),
             unfinished_requests=sum(request.is_decoding_own_output for request in self.scheduler.running),
             pending_requests=self.scheduler.num_pending,
-            blocks_completed=len(completed), model_time_s=output.model_time_s)
-        self.last_step = StepReport(
-            new_token_ids={request_id: self._output_part(request, output.rows[request_id].block_tokens)
-                           for request_id, request in completed.items()},
-            admitted=tuple(request.request_id for request in plan.admitted),
-            num_rows=record.rows, bounding_box_tokens=record.bounding_box_tokens)
-
-    def _output_part(self, request: Request, block: list[int]) -> list[int]:
-        """The part of a block about to complete that belongs to the request's output (see ``_finish``)."""
-        if request.stop_block is not None or request.block_index >= request.cap_blocks:
-            return []
-        return trim_at_stop(block, self.lm.tokens.stop_ids)[0]
+            blocks_completed=sum(result.block_complete for result in output.rows.values()),
+            model_time_s=output.model_time_s)
 
     def _finish(self, request: Request) -> RequestOutput:
         request.finish_time = time.time()
-        own_blocks = request.committed_blocks[:request.cap_blocks]
-        token_ids, _ = trim_at_stop([token for block in own_blocks for token in block], self.lm.tokens.stop_ids)
+        token_ids = request.output_token_ids
         self.arena.release(request)  # its slot goes back; nothing is copied
         if request.status != RequestStatus.FINISHED_ERROR:
             self.stats_collector.record_finished(len(token_ids))
         del self._requests[request.request_id]
         return RequestOutput(
             request_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids),
-            token_ids=token_ids,
+            token_ids=list(token_ids),
             text=self.lm.tokenizer.decode(token_ids, skip_special_tokens=True) if token_ids else "",
             finish_reason=request.status.finish_reason, error=request.error,
             num_blocks=request.output_blocks, num_steps=request.num_steps,
             arrival_time=request.arrival_time, first_scheduled_time=request.first_scheduled_time,
-            finish_time=request.finish_time, logprobs=self._output_logprobs(request, len(token_ids)))
+            finish_time=request.finish_time, logprobs=self._output_logprobs(request))
 
     @staticmethod
-    def _output_logprobs(request: Request, num_tokens: int) -> list[TokenLogprob] | None:
-        """One per output token (the committed blocks' log-probabilities, trimmed as the tokens are)."""
+    def _output_logprobs(request: Request) -> list[TokenLogprob] | None:
+        """One per output token, when the request asked for them."""
         if request.params.logprobs is None or request.status == RequestStatus.FINISHED_ERROR:
             return None
-        own = request.committed_logprobs[:request.cap_blocks]
-        return [entry for block in own for entry in block][:num_tokens]
+        return list(request.output_logprobs)
 
     # -- conveniences ------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -226,7 +214,7 @@ class BlockServeEngine:
 
             progress = tqdm(total=len(ids), desc="generating", unit="req")
         while len(outputs) < len(ids):
-            finished = self.step()
+            finished = self.step().finished
             for output in finished:
                 outputs[output.request_id] = output
             if progress is not None:

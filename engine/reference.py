@@ -35,7 +35,7 @@ from engine.decoding import (DecodeRule, Sampling, commits_first_position_first,
 from engine.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
-from engine.request import TokenLogprob
+from engine.request import TokenLogprob, trim_at_stop
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,6 @@ class ReferenceResult:
     num_blocks: int
     num_steps: int
     logprobs: list[TokenLogprob] | None = None  # per output token, at the step it was committed
-
-
-def trim_at_stop(token_ids: list[int], stop_ids: tuple[int, ...]) -> tuple[list[int], bool]:
-    for index, token in enumerate(token_ids):
-        if token in stop_ids:
-            return token_ids[:index], True
-    return token_ids, False
 
 
 @torch.no_grad()
@@ -141,7 +134,7 @@ def reference_generate(
             if stop_at_eos:
                 break
     generated = canvas[0, prompt_length:prompt_length + blocks_run * block_length].tolist()
-    token_ids, _ = trim_at_stop(generated, lm.tokens.stop_ids)
+    token_ids = trim_at_stop(generated, lm.tokens.stop_ids)
     return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped and stop_at_eos else "length",
                            num_blocks=blocks_run, num_steps=total_steps,
                            logprobs=None if logprobs is None else [committed_logprobs[index]

@@ -8,6 +8,16 @@ from dataclasses import dataclass, field
 from engine.config import SamplingParams
 
 
+def first_stop(token_ids: list[int], stop_ids: tuple[int, ...]) -> int | None:
+    """Index of the first stop token (EOS / end-of-turn) in ``token_ids``, None if there is none."""
+    return next((index for index, token in enumerate(token_ids) if token in stop_ids), None)
+
+
+def trim_at_stop(token_ids: list[int], stop_ids: tuple[int, ...]) -> list[int]:
+    """``token_ids`` up to (without) the first stop token."""
+    return token_ids[:first_stop(token_ids, stop_ids)]
+
+
 class RequestStatus(enum.IntEnum):
     WAITING = 0
     RUNNING = 1
@@ -85,8 +95,8 @@ class Request:
     block_complete: bool = False  # its block has no mask left and the next one has not started
     step_in_block: int = 0  # denoising steps taken in the current block
     slot: int | None = None  # its row in the engine's arena while it runs
-    committed_blocks: list[list[int]] = field(default_factory=list)  # completed blocks, on the host
-    committed_logprobs: list[list[TokenLogprob]] = field(default_factory=list)  # theirs, if asked for
+    output_token_ids: list[int] = field(default_factory=list)  # its own output so far, up to a stop token
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)  # theirs, if asked for
     num_steps: int = 0
     stop_block: int | None = None  # first block in which a stop token was committed
     first_scheduled_time: float | None = None
@@ -136,3 +146,17 @@ class Request:
     def is_decoding_own_output(self) -> bool:
         """False for a row kept in a static batch past its EOS or its own block cap (wasted work)."""
         return not self.has_stopped and self.block_index < self.cap_blocks
+
+    def complete_block(self, token_ids: list[int], stop_index: int | None,
+                       logprobs: list[TokenLogprob] | None = None) -> list[int]:
+        """Record its completed block (``stop_index``: its first stop token, if any); return the part
+        that joins its own output: up to that stop token, nothing past an earlier one or its block cap."""
+        added = token_ids[:stop_index] if self.stop_block is None and self.block_index < self.cap_blocks else []
+        self.output_token_ids += added
+        if logprobs is not None:
+            self.output_logprobs += logprobs[:len(added)]
+        if stop_index is not None and self.stop_block is None:
+            self.stop_block = self.block_index
+        self.block_index += 1
+        self.block_complete = True
+        return added

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 import torch
 
 from engine.batch import RowArena, StepBatch
+from engine.batch_invariance import configure_cuda_batch_invariance
 from engine.config import EngineConfig
 from engine.decoding import Sampling, decode_rule, gumbel_noise, propose_tokens, select_commits
 from engine.logit_processors import LogprobBuffer, token_logprobs
 from engine.models.loader import DiffusionLM
-from engine.request import TokenLogprob
+from engine.request import TokenLogprob, first_stop
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class RowResult:
     """What a step did to one row (data only)."""
 
     block_complete: bool  # no mask left in its block
-    stop_found: bool  # the block holds a stop token (meaningful once complete)
+    stop_index: int | None  # the completed block's first stop token (None: none, or not complete)
     block_tokens: list[int] | None  # the completed block; None while masks remain
     block_logprobs: list[TokenLogprob] | None = None  # the completed block's, if its request asked
 
@@ -36,6 +37,9 @@ class ModelRunner:
         self.lm = lm
         self.rule = decode_rule(config, lm.logit_shift)
         lm.model.use_compiled(config.compile, config.max_batch_size)
+        lm.model.use_batch_invariant(config.batch_invariant)
+        if config.batch_invariant and lm.device.type == "cuda":
+            configure_cuda_batch_invariance()
         self.block_length = config.block_length
         self._stop_ids = torch.tensor(lm.tokens.stop_ids, device=lm.device)
         self.max_rows = config.max_batch_size
@@ -67,11 +71,17 @@ class ModelRunner:
         complete = ~(blocks == mask_id).any(-1)
         stopped = torch.isin(blocks, self._stop_ids).any(-1)
         host = torch.cat([blocks, complete[:, None], stopped[:, None]], dim=1).tolist()  # the one sync
-        results = {request_id: RowResult(bool(row[-2]), bool(row[-1]), row[:-2] if row[-2] else None)
-                   for request_id, row in zip(batch.request_ids, host)}
+        results = {request_id: self._row_result(row) for request_id, row in zip(batch.request_ids, host)}
         if batch.logprob_rows is not None:
             self._attach_logprobs(batch, results)
         return StepOutput(rows=results, model_time_s=time.perf_counter() - started)
+
+    def _row_result(self, row: list[int]) -> RowResult:
+        """A host row ``[block tokens..., complete, stop found]`` as a RowResult."""
+        tokens, complete, stopped = row[:-2], bool(row[-2]), bool(row[-1])
+        if not complete:
+            return RowResult(False, None, None)
+        return RowResult(True, first_stop(tokens, self.lm.tokens.stop_ids) if stopped else None, tokens)
 
     def _record_logprobs(self, batch: StepBatch, logits: torch.Tensor, candidates: torch.Tensor,
                          commit: torch.Tensor) -> None:

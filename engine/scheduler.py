@@ -40,6 +40,15 @@ class SchedulerOutput:
         return len(self.refresh) + len(self.window)
 
 
+@dataclass(frozen=True)
+class SchedulerUpdate:
+    """What a step's results did to its requests (data only)."""
+
+    new_token_ids: dict[str, list[int]]  # request id -> what its just-completed block added to its
+    # own output (up to a stop token; empty past one or its block cap)
+    finished: list[Request]  # the requests that leave now, their output_token_ids final
+
+
 @dataclass
 class _Box:
     """The running batch's bounding box while admission fills it."""
@@ -159,25 +168,24 @@ class Scheduler:
         return batch
 
     # -- results ----------------------------------------------------------------------------------
-    def update(self, output: StepOutput) -> list[Request]:
-        """Apply a step's results (keyed by request id); return the requests that leave now."""
+    def update(self, output: StepOutput) -> SchedulerUpdate:
+        """Apply a step's results (keyed by request id): each completed block's new output tokens,
+        and the requests that leave now."""
         by_id = {request.request_id: request for request in self.running}
+        new_token_ids: dict[str, list[int]] = {}
         for request_id, result in output.rows.items():
             request = by_id[request_id]
             request.step_in_block += 1
             request.num_steps += request.is_decoding_own_output  # a static row past its EOS: waste
             if result.block_complete:
-                request.committed_blocks.append(result.block_tokens)
-                if result.stop_found and request.stop_block is None:
-                    request.stop_block = request.block_index
-                request.block_index += 1
-                request.block_complete = True
+                new_token_ids[request_id] = request.complete_block(result.block_tokens, result.stop_index,
+                                                                   result.block_logprobs)
         leaving = self._leaving()
         leaving_ids = {id(request) for request in leaving}
         self.running = [request for request in self.running if id(request) not in leaving_ids]
         for request in leaving:
             request.status = self._final_status(request)
-        return leaving
+        return SchedulerUpdate(new_token_ids=new_token_ids, finished=leaving)
 
     def _leaving(self) -> list[Request]:
         if self.config.schedule == "step":

@@ -99,7 +99,7 @@ def test_requests_arriving_mid_flight_join_at_the_next_step_and_equal_the_refere
             for prompt, cap in list(zip(prompts, caps))[len(ids):len(ids) + 2]:
                 ids.append(engine.add_request(prompt, SamplingParams(max_new_tokens=cap)))
         running_before = {r.request_id for r in engine.scheduler.running}
-        outputs.update((o.request_id, o) for o in engine.step())
+        outputs.update((o.request_id, o) for o in engine.step().finished)
         for request in engine.scheduler.running:
             if request.request_id not in running_before:
                 joined_at.setdefault(request.request_id, step)
@@ -140,8 +140,9 @@ def test_finished_request_is_evicted_at_the_end_of_the_block_that_committed_eos(
         engine.add_request(chat(row["prompt"]), SamplingParams(max_new_tokens=256))
     blocks_completed, finished_with, outputs = {}, {}, []
     while engine.has_unfinished_requests():
-        finished = engine.step()
-        for request_id in engine.last_step.new_token_ids:
+        report = engine.step()
+        finished = report.finished
+        for request_id in report.new_token_ids:
             blocks_completed[request_id] = blocks_completed.get(request_id, 0) + 1
         for output in finished:  # it leaves in the very step that completed its EOS block
             finished_with[output.request_id] = blocks_completed.get(output.request_id, 0)
@@ -232,7 +233,7 @@ def test_abort_evicts_running_and_pending_requests(tiny_engine_factory, heldout_
     engine.abort_request(pending)
     finished = {}
     while engine.has_unfinished_requests():  # the running one leaves when its block is complete
-        finished.update((o.request_id, o) for o in engine.step())
+        finished.update((o.request_id, o) for o in engine.step().finished)
     assert finished[running].finish_reason == "abort" and finished[running].num_blocks == 1
     assert finished[pending].finish_reason == "abort" and finished[pending].num_blocks == 0
     assert not engine.has_unfinished_requests()
@@ -339,7 +340,7 @@ def test_a_wide_request_in_a_stream_of_short_ones_is_admitted_once_overdue(tiny_
     finished_at = None
     for step in range(60):  # a steady stream: a new short request at every step
         engine.add_request(short_prompt, short)
-        if any(output.request_id == wide for output in engine.step()):
+        if any(output.request_id == wide for output in engine.step().finished):
             finished_at = step
             break
     if max_wait_s is None:

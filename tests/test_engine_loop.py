@@ -52,13 +52,13 @@ class SteppingGate:
         self._permits.acquire()
         with self._changed:
             self.at_gate = False
-        finished = self._step()
+        report = self._step()
         with self._changed:
             self.steps += 1
-            for request_id in self.engine.last_step.admitted:
+            for request_id in report.admitted:
                 self.admitted_at[request_id] = self.steps
             self._changed.notify_all()
-        return finished
+        return report
 
     def run(self, count: int = 1) -> None:
         """Let ``count`` more steps run; return once they have and the loop waits at the gate again
