@@ -44,8 +44,9 @@ def run_job(tiny_model: str, output: Path, *overrides: str, input_path: Path | N
 
 
 def fail_after_rows(rows: int, mode: str) -> tuple[str, ...]:
-    """Overrides that run the job on the tests' fault-injecting actor (tests/fault_injection.py)."""
-    return ("actors.actor_class=tests.fault_injection.FailAfterRows",
+    """Overrides that run the job on the tests' fault-injecting actor (tests/fault_injection.py), one
+    batch at a time, so the batches before the fault have been returned when it strikes."""
+    return ("actors.actor_class=tests.fault_injection.FailAfterRows", "actors.max_concurrent_batches=1",
             f"actors.actor_options.fail_after_rows={rows}", f"actors.actor_options.fail_mode={mode}")
 
 
@@ -195,8 +196,7 @@ def test_actor_crash_is_restarted_and_every_row_is_written_exactly_once(ray_clus
     input_path = tmp_path / "prompts.parquet"
     pq.write_table(pa.Table.from_pylist(source), input_path)
     output = tmp_path / "out"
-    code = run_job(tiny_model, output, *fail_after_rows(4, "crash"),
-                   "actors.max_concurrent_batches=1", input_path=input_path)
+    code = run_job(tiny_model, output, *fail_after_rows(4, "crash"), input_path=input_path)
     assert code == 0
     rows = read_outputs(output)
     assert sorted(r["prompt"] for r in rows) == sorted(r["prompt"] for r in source)
@@ -213,8 +213,7 @@ def test_job_that_fails_part_way_resumes_to_every_row_exactly_once(ray_cluster, 
     input_path = tmp_path / "prompts.csv"
     pacsv.write_csv(pa.Table.from_pylist(source), input_path)
     output = tmp_path / "out"
-    code = run_job(tiny_model, output, *fail_after_rows(4, "error"),
-                   "actors.max_concurrent_batches=1", input_path=input_path)
+    code = run_job(tiny_model, output, *fail_after_rows(4, "error"), input_path=input_path)
     assert code == 1
     written_before = len(read_outputs(output)) if (output / "outputs").exists() else 0
     assert written_before < 8
