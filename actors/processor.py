@@ -87,7 +87,10 @@ def actor_class(path: str) -> type:
     from actors.block_serve_actor import BlockServeActor
 
     module, _, name = path.rpartition(".")
-    found = getattr(importlib.import_module(module), name, None) if module else None
+    try:
+        found = getattr(importlib.import_module(module), name, None) if module else None
+    except ImportError as error:
+        raise ValueError(f"actor_class {path!r} is not an importable BlockServeActor class: {error}") from error
     if not (isinstance(found, type) and issubclass(found, BlockServeActor)):
         raise ValueError(f"actor_class {path!r} is not an importable BlockServeActor class")
     return found

@@ -67,3 +67,18 @@ def test_an_untested_ray_version_is_refused_with_the_reason():
     check_ray_version("2.60.0")
     with pytest.raises(RuntimeError, match="tested with Ray 2.60"):
         check_ray_version("2.61.1")
+
+
+def test_the_stage_runs_blockserve_actor_or_a_subclass_named_by_import_path():
+    from pydantic import ValidationError
+
+    from actors.processor import BlockServeProcessorConfig, actor_class
+    from tests.fault_injection import FailAfterRows
+
+    assert actor_class("tests.fault_injection.FailAfterRows") is FailAfterRows
+    config = BlockServeProcessorConfig(model_source="tiny", actor_class="tests.fault_injection.FailAfterRows")
+    assert config.actor_class == "tests.fault_injection.FailAfterRows"
+    for wrong in ("pipeline.run.main", "actors.block_serve_actor.NoSuchActor", "no_such_module.Actor",
+                  "BlockServeActor"):
+        with pytest.raises(ValidationError, match="is not an importable BlockServeActor class"):
+            BlockServeProcessorConfig(model_source="tiny", actor_class=wrong)
