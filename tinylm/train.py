@@ -36,15 +36,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.models.transformer import BidirectionalTransformer, TransformerConfig
+from engine.models.config import TransformerConfig
+from engine.models.transformer import BidirectionalTransformer
 from tinylm.export import llada_config_json, save_checkpoint
 from tinylm.evaluate import SHIPPED_DECODING, evaluate_model, selection_score
 from tinylm.mixtures import MIXTURES, TokenIds, make_batch
-from tinylm.tasks import example_key, make_split, write_jsonl
-from tinylm.tokenizer import BOS, EOS, MASK, MAX_NUMBER, save_tokenizer
+from tinylm.tasks import MAX_NUMBER, VALIDATION_SIZE, define_splits, example_key, write_jsonl
+from tinylm.tokenizer import BOS, EOS, MASK, save_tokenizer
 
-HELDOUT_SEED, DEMO_SEED, VALIDATION_SEED = 1234, 5678, 4321
-HELDOUT_SIZE, DEMO_SIZE, VALIDATION_SIZE = 200, 2400, 64
 REWARM_STEPS = 100
 
 
@@ -70,18 +69,6 @@ def initialize(model: BidirectionalTransformer, tokenizer, seed: int) -> None:
         features = torch.cat([angles.sin(), angles.cos()], dim=1) * 0.02 * math.sqrt(2.0)
         rows = torch.tensor(tokenizer.convert_tokens_to_ids([str(n) for n in range(MAX_NUMBER + 1)]))
         embedding[rows, : 2 * pairs] = features
-
-
-def define_splits() -> tuple[list, list, list]:
-    """Held-out (scored), validation (checkpoint and decoding selection) and demo splits, disjoint."""
-    heldout = make_split(HELDOUT_SEED, HELDOUT_SIZE)
-    validation = make_split(VALIDATION_SEED, VALIDATION_SIZE, exclude={example_key(e) for e in heldout})
-    demo = make_split(DEMO_SEED, DEMO_SIZE, exclude={example_key(e) for e in heldout + validation})
-    return heldout, validation, demo
-
-
-def validation_rows() -> list[dict]:
-    return [{"id": f"validation-{i:05d}", **asdict(e)} for i, e in enumerate(define_splits()[1])]
 
 
 def write_datasets(data_dir: Path) -> tuple[set, list]:
@@ -195,6 +182,36 @@ def resume(state_file: Path, model, optimizer, rng: random.Random) -> Progress:
                     state.get("history", []), rewarm_from=state["step"] if fresh_optimizer else None)
 
 
+def build_model(args: argparse.Namespace, tokenizer) -> BidirectionalTransformer:
+    """The tiny transformer, initialized (or warm-started from ``args.init``), on ``args.device``."""
+    model = BidirectionalTransformer(tiny_config(len(tokenizer)))
+    initialize(model, tokenizer, args.seed)
+    if args.init is not None:
+        from engine.models import load_model
+        model.load_state_dict(load_model(args.init, dtype="float32").model.state_dict())
+        print(f"warm start from {args.init}", flush=True)
+    return model.to(args.device)
+
+
+def train_step(model: BidirectionalTransformer, optimizer: torch.optim.Optimizer, autocast,
+               batch: tuple[torch.Tensor, ...], lr: float) -> torch.Tensor:
+    """One optimizer step at learning rate ``lr`` on the weighted loss of the labelled positions."""
+    input_ids, positions, key_mask, labels, weights = batch
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with autocast:
+        hidden = model.forward_full(input_ids, positions, key_mask)
+        selected = labels != -100
+        logits = model.logits(hidden[selected]).float()
+    losses = F.cross_entropy(logits, labels[selected], reduction="none")
+    loss = (losses * weights[selected]).sum() / selected.sum().clamp(min=1)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss
+
+
 def main() -> None:
     args = parse_args()
     if args.threads:
@@ -205,13 +222,7 @@ def main() -> None:
     tokenizer = save_tokenizer(args.work / "tokenizer")
     ids = TokenIds(eos=tokenizer.convert_tokens_to_ids(EOS), mask=tokenizer.convert_tokens_to_ids(MASK),
                    bos=tokenizer.convert_tokens_to_ids(BOS))
-    model = BidirectionalTransformer(tiny_config(len(tokenizer)))
-    initialize(model, tokenizer, args.seed)
-    if args.init is not None:
-        from engine.models import load_model
-        model.load_state_dict(load_model(args.init, dtype="float32").model.state_dict())
-        print(f"warm start from {args.init}", flush=True)
-    model.to(args.device)
+    model = build_model(args, tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     rng, progress = random.Random(args.seed), Progress()
     state_file = args.work / "state.pt"
@@ -234,23 +245,11 @@ def main() -> None:
     autocast = torch.autocast(device_type=torch.device(args.device).type, dtype=torch.bfloat16,
                               enabled=torch.device(args.device).type == "cuda")
     while progress.step < args.steps and time.time() < budget_end:
-        input_ids, positions, key_mask, labels, weights = (
-            t.to(args.device) for t in make_batch(rng, tokenizer, excluded, ids, args.batch_size, mixture))
+        batch = tuple(t.to(args.device) for t in make_batch(rng, tokenizer, excluded, ids, args.batch_size, mixture))
         lr = learning_rate(progress.step, progress.step / args.steps, args.lr)
         if progress.rewarm_from is not None:
             lr *= min(1.0, (progress.step - progress.rewarm_from + 1) / REWARM_STEPS)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        with autocast:
-            hidden = model.forward_full(input_ids, positions, key_mask)
-            selected = labels != -100
-            logits = model.logits(hidden[selected]).float()
-        losses = F.cross_entropy(logits, labels[selected], reduction="none")
-        loss = (losses * weights[selected]).sum() / selected.sum().clamp(min=1)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        loss = train_step(model, optimizer, autocast, batch, lr)
         progress.step += 1
         running_loss = loss.item() if running_loss is None else 0.98 * running_loss + 0.02 * loss.item()
         if progress.step % 50 == 0:

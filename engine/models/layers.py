@@ -9,6 +9,10 @@ precision allows (every aten operation is a dispatch and, on a GPU, a kernel lau
   with an explicit mask falls back to the math backend (fp32 scores, K/V repeated), the query groups
   are folded into the query length instead, so SDPA sees as many query heads as key heads and no K/V
   is copied.
+* Batch-invariant attention (``reduction_dtype``): a half-precision SDPA kernel blocks its sums over
+  the key axis by the box's width, so a row left-padded into a wider batch differs from the row alone
+  by an ulp in ~0.5% of its outputs; scores, softmax and the value sum in float64, rounded once to the
+  model's dtype, differ in none (measured: ``benchmarks/RESULTS.md``, "Batch-invariant bf16").
 """
 from __future__ import annotations
 
@@ -61,7 +65,7 @@ def rotate_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-           fold_groups: bool | None = None) -> torch.Tensor:
+           fold_groups: bool | None = None, reduction_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Bidirectional attention, token-major in and out.
 
     q ``[rows, length, heads, d]``; keys/values ``[rows, kv_heads, keys, d]`` (views of a cache are
@@ -69,10 +73,13 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
     ``[rows * length, heads * d]``. A grouped-query model's groups are folded into the query length
     (``fold_groups``, default: everywhere but the CPU, whose fused kernel takes ``enable_gqa`` with a
     mask; CUDA's fused kernels do not, and SDPA would fall back to its math backend). Both give the
-    same numbers: each query row attends on its own.
+    same numbers: each query row attends on its own. ``reduction_dtype`` (batch-invariant mode):
+    scores, softmax and value sum in that dtype, the result rounded once to ``q``'s dtype.
     """
     rows, length, heads, head_dim = q.shape
     groups = heads // keys.shape[1]
+    if reduction_dtype is not None and reduction_dtype != q.dtype:
+        return _attend_widened(q, keys, values, mask, groups, reduction_dtype)
     if fold_groups is None:
         fold_groups = q.device.type != "cpu"
     if groups == 1 or not fold_groups:
@@ -85,3 +92,27 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
     out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask)
     out = out.view(rows, -1, groups, length, head_dim).permute(0, 3, 1, 2, 4)
     return out.reshape(rows * length, heads * head_dim)
+
+
+WIDENED_SCORE_BYTES = 256 * 2**20  # score matrix per chunk of query rows in batch-invariant mode
+
+
+def _attend_widened(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                    groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """Attention with every reduction in ``dtype``: q.k over the head dim, the softmax's max and sum and
+    the probability-weighted value sum over the keys. Each query is computed on its own, so chunks of
+    rows bound the score matrix without changing a number."""
+    rows, length, heads, head_dim = q.shape
+    kv_heads, num_keys = keys.shape[1], keys.shape[2]
+    per_row = heads * length * num_keys * torch.finfo(dtype).bits // 8
+    chunk = max(1, WIDENED_SCORE_BYTES // max(per_row, 1))
+    grouped_q = q.view(rows, length, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
+    outputs = []
+    for start in range(0, rows, chunk):
+        part = slice(start, start + chunk)
+        wide_q = grouped_q[part].to(dtype).flatten(2, 3)  # [rows, kv_heads, groups * length, d]
+        scores = wide_q @ keys[part].to(dtype).transpose(-1, -2) * head_dim**-0.5 + mask[part].to(dtype)
+        out = scores.softmax(dim=-1) @ values[part].to(dtype)
+        out = out.view(-1, kv_heads, groups, length, head_dim).permute(0, 3, 1, 2, 4)
+        outputs.append(out.to(q.dtype).reshape(-1, heads * head_dim))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

@@ -108,6 +108,7 @@ class Attention(nn.Module):
         self.qkv_proj = _fused_projection(self, "qkv_proj", config.hidden_size, {
             "q_proj": config.hidden_size, "k_proj": kv_size, "v_proj": kv_size}, config.qkv_bias)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.reduction_dtype: torch.dtype | None = None  # float64: batch-invariant (use_batch_invariant)
 
     def forward(self, x: torch.Tensor, plan: StepPlan, layer: int) -> torch.Tensor:
         """x: the parts' tokens packed ``[tokens, hidden]``; one GEMM and one rotation for all of them,
@@ -127,12 +128,12 @@ class Attention(nn.Module):
         q = qkv[:, :, :self.num_heads]
         if part.context is None:
             keys, values = new_kv.transpose(1, 3).unbind(2)  # [rows, kv_heads, length, d] each
-            return attend(q, keys, values, part.mask)
+            return attend(q, keys, values, part.mask, reduction_dtype=self.reduction_dtype)
         keys, values = part.context[layer].unbind(1)
         if part.scatter_rows is None:
-            return attend(q, keys, values, part.mask)
+            return attend(q, keys, values, part.mask, reduction_dtype=self.reduction_dtype)
         placed = q.new_zeros((keys.shape[0], *q.shape[1:])).index_copy_(0, part.scatter_rows, q)
-        out = attend(placed, keys, values, part.mask)
+        out = attend(placed, keys, values, part.mask, reduction_dtype=self.reduction_dtype)
         return out.view(keys.shape[0], -1)[part.scatter_rows].view(part.num_tokens, -1)
 
 
@@ -208,6 +209,13 @@ class BidirectionalTransformer(nn.Module):
             self.compiled = None
         elif self.compiled is None or self.compiled.max_rows < max_rows:
             self.compiled = CompiledForward(self, max_rows)
+
+    def use_batch_invariant(self, enabled: bool) -> None:
+        """Attention's reductions in float64, rounded once (``engine.models.layers.attend``), so a row's
+        numbers do not depend on the rows beside it or on the box's width. A property of this model
+        object, like :meth:`use_compiled`."""
+        for layer in self.layers:
+            layer.attention.reduction_dtype = torch.float64 if enabled else None
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(tokens)
