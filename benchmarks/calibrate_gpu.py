@@ -9,9 +9,11 @@ from benchmarks import host_model
 from benchmarks.calibration_fit import calibration_rows, fit_constants
 from benchmarks.hardware import DEVICES, MODELS
 from benchmarks.projection import forward_cost, load_constants
+from engine.models.config import TransformerConfig
+from engine.models.kv_arena import KVArena
 from engine.models.loader import TINY_MODEL_DIR, DiffusionLM, SpecialTokens, load_tokenizer
-from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
-from engine.models.transformer import BidirectionalTransformer, TransformerConfig
+from engine.models.step_inputs import RefreshPart, WindowPart
+from engine.models.transformer import BidirectionalTransformer
 from engine.trace import ForwardRecord
 
 BLOCK = 32

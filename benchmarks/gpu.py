@@ -33,7 +33,7 @@ import torch
 from benchmarks.calibrate_gpu import calibrate, random_lm, write_summary
 from benchmarks.gpu_runs import run_engine_modes
 from benchmarks.results_io import meta, versions
-from engine.models.transformer import TransformerConfig
+from engine.models.config import TransformerConfig
 
 SHAPES = {  # (config, mask id, eos id, logit shift): LLaDA-8B-Instruct's published config and special ids
     "llada-8b": (TransformerConfig(vocab_size=126464, hidden_size=4096, num_layers=32, num_heads=32,

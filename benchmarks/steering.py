@@ -25,7 +25,8 @@ from collections.abc import Sequence
 import torch
 
 from benchmarks.commit_profile import CommitProfile
-from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
+from engine.models.kv_arena import KVArena
+from engine.models.step_inputs import RefreshPart, WindowPart
 
 LIFT, HOLD_GAP = 30.0, 0.01
 

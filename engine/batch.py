@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.logit_processors import RowBias, TokenFilters, dense_bias
+from engine.models.kv_arena import KVArena
 from engine.models.loader import DiffusionLM
-from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
+from engine.models.step_inputs import RefreshPart, WindowPart
 from engine.request import Request
 from engine.trace import ForwardRecord
 

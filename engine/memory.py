@@ -20,8 +20,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.decoding import NOISE_CHUNK_ELEMENTS
+from engine.models.kv_arena import KVArena
 from engine.models.loader import DiffusionLM
-from engine.models.step_inputs import KVArena
 
 INDEX_BYTES = 8  # token ids and positions are int64
 logger = logging.getLogger(__name__)

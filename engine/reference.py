@@ -33,8 +33,9 @@ from engine.config import blocks_needed
 from engine.decoding import (DecodeRule, Sampling, commits_first_position_first, gumbel_noise, propose_tokens,
                              select_commits)
 from engine.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
+from engine.models.kv_arena import KVArena
 from engine.models.loader import DiffusionLM
-from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
+from engine.models.step_inputs import RefreshPart, WindowPart
 from engine.request import TokenLogprob, trim_at_stop
 
 

@@ -28,7 +28,8 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from engine.models.transformer import BidirectionalTransformer, TransformerConfig
+from engine.models.config import TransformerConfig
+from engine.models.transformer import BidirectionalTransformer
 from tinylm import tokenizer as llada_tokenizer
 from tinylm.export import dream_config_json, llada_config_json, save_checkpoint
 
@@ -43,6 +44,7 @@ DREAM_CHAT_TEMPLATE = (
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 LLADA_SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+CHARACTERS = tuple(c for c in string.printable if c not in "\x0b\x0c\r")  # the fixtures' character order
 
 
 def llada_transformer_config(vocab_size: int) -> TransformerConfig:
@@ -59,10 +61,18 @@ def dream_transformer_config(vocab_size: int) -> TransformerConfig:
         max_position_embeddings=32768, tie_word_embeddings=False)
 
 
+def build_llada_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character, LLaDA's special tokens first (as the tiny model's tokenizer names them)."""
+    vocab = {token: index for index, token in enumerate(llada_tokenizer.SPECIAL_TOKENS + CHARACTERS)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token=llada_tokenizer.UNK))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return llada_tokenizer.with_llada_specials(core)
+
+
 def build_dream_tokenizer() -> PreTrainedTokenizerFast:
     """The character tokenizer with Qwen/Dream special tokens, placed after the ordinary vocab."""
-    characters = [c for c in string.printable if c not in "\x0b\x0c\r"]
-    vocab = {token: index for index, token in enumerate(tuple(characters) + DREAM_SPECIAL_TOKENS)}
+    vocab = {token: index for index, token in enumerate(CHARACTERS + DREAM_SPECIAL_TOKENS)}
     core = Tokenizer(models.WordLevel(vocab, unk_token=DREAM_UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
     core.decoder = decoders.Fuse()
@@ -114,7 +124,7 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def make_llada(directory: Path, generator: torch.Generator) -> None:
-    tokenizer = llada_tokenizer.build_character_tokenizer()
+    tokenizer = build_llada_tokenizer()
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
         ("eos", llada_tokenizer.EOS), ("bos", llada_tokenizer.BOS), ("mask", llada_tokenizer.MASK))}
     config = llada_transformer_config(len(tokenizer))

@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from engine.models import BidirectionalTransformer, DiffusionLM, KVArena, load_model
+from engine.models import BidirectionalTransformer, DiffusionLM, load_model
+from engine.models.kv_arena import KVArena
 from engine.models.step_inputs import RefreshPart, WindowPart
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -20,7 +20,7 @@ from pathlib import Path
 from engine.decoding import DecodeRule
 from engine.models import load_model
 from engine.reference import reference_generate
-from tinylm.tasks import BLOCK, CANVAS_BLOCKS, read_jsonl
+from tinylm.tasks import BLOCK, CANVAS_BLOCKS, read_jsonl, validation_rows
 
 # The decoding the tiny configs use, chosen on the validation split (README, "The tiny model").
 SHIPPED_DECODING = "threshold:0.7"
@@ -117,7 +117,6 @@ def main() -> None:
                         help="a jsonl split (default: held-out), or 'validation' (what picks the decoding)")
     args = parser.parse_args()
     if args.split == "validation":
-        from tinylm.train import validation_rows
         rows = validation_rows()
     else:
         rows = read_jsonl(Path(args.split))

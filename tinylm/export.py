@@ -8,7 +8,8 @@ import torch
 from safetensors.torch import save_file
 
 from engine.models import dream, llada
-from engine.models.transformer import BidirectionalTransformer, TransformerConfig
+from engine.models.config import TransformerConfig
+from engine.models.transformer import BidirectionalTransformer
 
 
 def llada_config_json(config: TransformerConfig, mask_id: int, eos_id: int, pad_id: int) -> dict:

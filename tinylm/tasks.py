@@ -15,19 +15,20 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tinylm.tokenizer import MAX_NUMBER
-
 TASKS = ("count_up", "count_down")
 BLOCK = 8  # the tiny configs' block_length
 CANVAS_BLOCKS = 8  # the tiny configs' max_new_tokens = BLOCK * CANVAS_BLOCKS = 64
 MAX_ANSWER_TOKENS = BLOCK * CANVAS_BLOCKS - 1  # + EOS fills the canvas
-MAX_TASK_NUMBER = 99  # the tokenizer knows numbers up to MAX_NUMBER; the tasks use the first hundred
+MAX_NUMBER = 399  # every number up to this is one token of the tiny tokenizer (its vocabulary: tasks' words)
+MAX_TASK_NUMBER = 99  # the tasks use the first hundred
 assert MAX_TASK_NUMBER <= MAX_NUMBER and MAX_ANSWER_TOKENS <= MAX_TASK_NUMBER + 1
 PREFIXES = ("", "", "please ", "hey, ", "could you ", "now ", "I need you to ", "quick one: ",
             "for a test of the server, please ", "my little sister wants to see if you can ",
             "without any extra words, ", "just for fun, ")
 SUFFIXES = ("", "", ".", "!", " please", ", thanks", " for me", " and nothing else",
             ", one number after another", " (separate the numbers with spaces)")
+HELDOUT_SEED, DEMO_SEED, VALIDATION_SEED = 1234, 5678, 4321
+HELDOUT_SIZE, DEMO_SIZE, VALIDATION_SIZE = 200, 2400, 64
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,18 @@ def make_split(seed: int, size: int, exclude: set[tuple[str, int, int]] = frozen
 
 def example_key(example: Example) -> tuple[str, int, int]:
     return (example.task, example.start, example.stop)
+
+
+def define_splits() -> tuple[list[Example], list[Example], list[Example]]:
+    """Held-out (scored), validation (checkpoint and decoding selection) and demo splits, disjoint."""
+    heldout = make_split(HELDOUT_SEED, HELDOUT_SIZE)
+    validation = make_split(VALIDATION_SEED, VALIDATION_SIZE, exclude={example_key(e) for e in heldout})
+    demo = make_split(DEMO_SEED, DEMO_SIZE, exclude={example_key(e) for e in heldout + validation})
+    return heldout, validation, demo
+
+
+def validation_rows() -> list[dict]:
+    return [{"id": f"validation-{i:05d}", **asdict(e)} for i, e in enumerate(define_splits()[1])]
 
 
 def write_jsonl(examples: list[Example], path: Path, id_prefix: str) -> None:

@@ -1,6 +1,5 @@
+from engine.models.config import TransformerConfig
 from engine.models.loader import DiffusionLM, SpecialTokens, load_model
-from engine.models.step_inputs import KVArena
-from engine.models.transformer import BidirectionalTransformer, TransformerConfig
+from engine.models.transformer import BidirectionalTransformer
 
-__all__ = ["BidirectionalTransformer", "DiffusionLM", "KVArena", "SpecialTokens", "TransformerConfig",
-           "load_model"]
+__all__ = ["BidirectionalTransformer", "DiffusionLM", "SpecialTokens", "TransformerConfig", "load_model"]

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from engine.models.kv_arena import KVArena
 from engine.models.layers import attend, rotary_tables, rotate_
 from engine.models.packed_step import additive_mask, rotary_dtype
-from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
+from engine.models.step_inputs import RefreshPart, WindowPart
 
 WIDTH_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from engine.models.transformer import TransformerConfig
+from engine.models.config import TransformerConfig
 
 FAMILY = "dream"
 LOGIT_SHIFT = 1

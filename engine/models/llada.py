@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from engine.models.transformer import TransformerConfig
+from engine.models.config import TransformerConfig
 
 FAMILY = "llada"
 LOGIT_SHIFT = 0

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.models.kv_arena import KVArena
 from engine.models.layers import HALF_DTYPES, rotary_tables
-from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
+from engine.models.step_inputs import RefreshPart, WindowPart
 
 
 @dataclass

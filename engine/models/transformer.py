@@ -20,37 +20,15 @@ scatter with no Python loop over rows.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.config import TransformerConfig
+from engine.models.kv_arena import KVArena
 from engine.models.layers import RMSNorm, attend, rotate_
 from engine.models.packed_step import PartPlan, StepPlan, plan_step, rotary_dtype
-from engine.models.step_inputs import KVArena, RefreshPart, WindowPart
-
-
-@dataclass(frozen=True)
-class TransformerConfig:
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
-    qkv_bias: bool = False
-    max_position_embeddings: int = 4096
-    tie_word_embeddings: bool = False
-    rope_full_precision: bool = False  # rotate q/k in float32 even in a half-precision model (LLaDA)
-    embedding_scale: float = 1.0  # LLaDA's input_emb_norm multiplies embeddings by sqrt(hidden)
-    logit_scale: float = 1.0  # LLaDA's scale_logits multiplies logits by 1/sqrt(hidden)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+from engine.models.step_inputs import RefreshPart, WindowPart
 
 
 def _split_on_save(fused: str, parts: dict[str, int]):

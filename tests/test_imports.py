@@ -1,0 +1,104 @@
+"""The packages import in one direction: no module reaches itself again through its imports.
+
+Every import counts, also one inside a function or under ``TYPE_CHECKING``: a deferred import hides a
+tangle, it does not remove it. Importing ``a.b.c`` also runs the ``__init__`` of packages ``a.b`` and
+``a``, unless the importer lives inside them (then they are already being imported).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("engine", "actors", "pipeline", "tinylm", "benchmarks")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(tree: ast.AST, importer: str, is_package: bool) -> set[str]:
+    """Dotted names of the modules (or the package attributes) an import statement asks for."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = importer.split(".")[:len(importer.split(".")) - node.level + is_package]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+            names.add(base)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        is_package = path.name == "__init__.py"
+        edges = set()
+        for imported in imported_names(ast.parse(path.read_text()), name, is_package):
+            parts = imported.split(".")
+            for end in range(1, len(parts) + 1):
+                target = ".".join(parts[:end])
+                inside = name == target or name.startswith(target + ".")
+                if target in paths and not inside:
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_import_graph_of_every_package_has_no_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_sees_a_cycle_through_a_deferred_import():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    tree = ast.parse("def f():\n    from tinylm.tasks import vocabulary_words\n")
+    assert "tinylm.tasks" in imported_names(tree, "tinylm.tokenizer", is_package=False)
