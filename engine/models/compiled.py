@@ -1,8 +1,12 @@
-"""A compiled step (``EngineConfig(compile=True)``): each layer of a forward runs as one compiled graph.
+"""A compiled step (``EngineConfig(compile=True)``): each forward runs as one compiled graph.
 
-Eager, a layer issues ~40 aten operations, each a dispatch (and on a GPU a kernel launch); compiled,
-it is one call of generated code whose elementwise work is fused. Every layer has the same code, so one
-graph serves all of a model's layers for a given shape; shapes are bucketed so a run compiles a bounded
+Eager, a layer issues ~40 aten operations, each a dispatch (and on a GPU a kernel launch). Compiled,
+a forward (embedding, rotary tables, mask and every layer) is one call of generated code, with one set
+of guards per call, its elementwise work fused. The layer is a nested compile region: traced once,
+its code stamped out for every layer, so compile time does not grow with depth as an unrolled trace
+would. The layer's sequence is the eager one (:class:`Layer` ``.forward`` over a one-part plan). On
+CUDA each graph is captured as a CUDA graph (``mode="reduce-overhead"``; the KV arena is marked as a
+static address, so the graph writes it in place). Shapes are bucketed so a run compiles a bounded
 number of graphs:
 
 * rows round up to a power of two (at most the arena's slots); padding rows compute on pad tokens,
@@ -20,8 +24,8 @@ from __future__ import annotations
 import torch
 
 from engine.models.kv_arena import KVArena
-from engine.models.layers import attend, rotary_tables, rotate_
-from engine.models.packed_step import additive_mask, rotary_dtype
+from engine.models.layers import rotary_tables
+from engine.models.packed_step import PartPlan, StepPlan, additive_mask, rotary_dtype
 from engine.models.step_inputs import RefreshPart, WindowPart
 
 WIDTH_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
@@ -37,24 +41,29 @@ def bucket(value: int, cap: int, buckets: tuple[int, ...] | None = None) -> int:
     return min(next((b for b in buckets if b >= value), value), cap)
 
 
-def _layer_step(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns,
-                rows: int, length: int, context_rows: int, context_start: int):
-    """One layer over one part (``rows`` x ``length`` tokens); ``context_rows`` 0: the part attends to
-    its own keys, else to arena slots ``[0, context_rows)`` from column ``context_start``."""
-    attention = layer.attention
-    heads, kv_heads, head_dim = attention.num_heads, attention.num_kv_heads, attention.head_dim
-    qkv = attention.qkv_proj(layer.input_norm(x)).view(x.shape[0], -1, head_dim)
-    rotate_(qkv[:, :heads + kv_heads], cos, signed_sin)
-    qkv = qkv.view(rows, length, -1, head_dim)
-    new_kv = qkv[:, :, heads:].view(rows, length, 2, kv_heads, head_dim)
-    if kv_layer is not None:
-        kv_layer[write_slots, :, :, write_columns] = new_kv
-    if context_rows:
-        keys, values = kv_layer[:context_rows, :, :, context_start:kv_layer.shape[3] - 1].unbind(1)
-    else:
-        keys, values = new_kv.transpose(1, 3).unbind(2)
-    x = x + attention.o_proj(attend(qkv[:, :, :heads], keys, values, mask))
-    return x + layer.mlp(layer.post_attention_norm(x))
+@torch.compiler.nested_compile_region
+def _layer(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns,
+           rows: int, length: int, context_rows: int, context_start: int) -> torch.Tensor:
+    """One layer over one part (``rows`` x ``length`` tokens), as eager runs it: ``context_rows`` 0,
+    the part attends to its own keys; else to arena slots ``[0, context_rows)`` from ``context_start``."""
+    write = (write_slots, slice(None), slice(None), write_columns) if kv_layer is not None else None
+    context = (kv_layer[:context_rows, :, :, context_start:kv_layer.shape[3] - 1],) if context_rows else None
+    plan = StepPlan([PartPlan(rows, length, 0, mask, write, context, None)], cos, signed_sin, (kv_layer,))
+    return layer(x, plan, 0)
+
+
+def _forward(model, tokens, positions, key_mask, kv, write_slots, write_columns,
+             rows: int, length: int, context_rows: int, context_start: int) -> torch.Tensor:
+    """Embedding, rotary tables, mask and every layer of one bucketed part: ``[rows * length, hidden]``."""
+    config = model.config
+    cos, signed_sin = rotary_tables(positions.reshape(-1), config.head_dim, config.rope_theta,
+                                    rotary_dtype(model.dtype, config.rope_full_precision))
+    mask = additive_mask(key_mask, model.dtype)
+    x = model.embed(tokens.reshape(-1))
+    for index, layer in enumerate(model.layers):
+        x = _layer(layer, x, cos, signed_sin, mask, kv[index] if kv is not None else None,
+                   write_slots, write_columns, rows, length, context_rows, context_start)
+    return x
 
 
 class CompiledForward:
@@ -68,7 +77,10 @@ class CompiledForward:
         torch._dynamo.config.accumulated_cache_size_limit = max(
             torch._dynamo.config.accumulated_cache_size_limit, 512)
         self.model, self.max_rows = model, max_rows
-        self.layer_step = torch.compile(_layer_step, dynamic=False)
+        self.cuda_graphs = model.embed_tokens.weight.device.type == "cuda"
+        self.forward = torch.compile(_forward, dynamic=False, fullgraph=True,
+                                     mode="reduce-overhead" if self.cuda_graphs else None)
+        self.static_arenas: set[int] = set()
         self.shapes: set[tuple] = set()  # the bucketed shapes run so far: one graph each
 
     def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
@@ -101,7 +113,7 @@ class CompiledForward:
         x = self._layers(tokens, positions, key_mask, arena if part.slots is not None else None,
                          write_slots, write_columns, padded_rows, padded_length, 0, 0, "refresh")
         hidden = x.view(padded_rows, padded_length, -1)[:rows, grow:]
-        return self.model._read(part, hidden)
+        return self._read(part, hidden)
 
     def _window(self, part: WindowPart, arena: KVArena) -> torch.Tensor:
         rows, length = part.tokens.shape
@@ -121,21 +133,25 @@ class CompiledForward:
         key_mask[rows:, -1] = True  # padding rows (free or refreshing slots) see one key, are dropped
         x = self._layers(tokens, positions, key_mask, arena, write_slots, write_columns, padded_rows,
                          padded_length, padded_rows, start, "window")
-        return self.model._read(part, x.view(padded_rows, padded_length, -1)[:rows])
+        return self._read(part, x.view(padded_rows, padded_length, -1)[:rows])
 
     def _layers(self, tokens, positions, key_mask, arena, write_slots, write_columns, rows, length,
                 context_rows, context_start, kind) -> torch.Tensor:
-        model, config = self.model, self.model.config
         self.shapes.add((kind, rows, length, key_mask.shape[1]))
-        cos, signed_sin = rotary_tables(positions.reshape(-1), config.head_dim, config.rope_theta,
-                                        rotary_dtype(model.dtype, config.rope_full_precision))
-        mask = additive_mask(key_mask, model.dtype)
-        x = model.embed(tokens.reshape(-1))
-        for index, layer in enumerate(model.layers):
-            kv_layer = arena.layers[index] if arena is not None else None
-            x = self.layer_step(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns,
-                                rows, length, context_rows, context_start)
-        return x
+        kv = arena.kv if arena is not None else None
+        if self.cuda_graphs:
+            if kv is not None and id(kv) not in self.static_arenas:
+                torch._dynamo.mark_static_address(kv)  # captured graphs write the arena in place
+                self.static_arenas.add(id(kv))
+            torch.compiler.cudagraph_mark_step_begin()  # earlier outputs were copied out (see _read)
+        return self.forward(self.model, tokens, positions, key_mask, kv, write_slots, write_columns,
+                            rows, length, context_rows, context_start)
+
+    def _read(self, part: RefreshPart | WindowPart, hidden: torch.Tensor) -> torch.Tensor:
+        """The part's hidden states, as a tensor of its own (a captured graph's output is overwritten
+        by its next replay)."""
+        read = self.model._read(part, hidden)
+        return read.clone() if self.cuda_graphs else read
 
     @property
     def num_graphs(self) -> int:
