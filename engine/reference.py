@@ -48,36 +48,26 @@ class ReferenceResult:
     logprobs: list[TokenLogprob] | None = None  # per output token, at the step it was committed
 
 
+THRESHOLD_RULE = DecodeRule("threshold")
+
+
 @torch.no_grad()
 def reference_generate(
     lm: DiffusionLM, prompt_ids: list[int], *, max_new_tokens: int = 256, block_length: int = 32,
-    rule: DecodeRule = DecodeRule("threshold"), cache: str = "dual", temperature: float = 0.0,
+    rule: DecodeRule = THRESHOLD_RULE, cache: str = "dual", temperature: float = 0.0,
     seed: int = 0, stop_at_eos: bool = True, shifted_decoding: str = "fast-dllm", top_k: int = 0,
     top_p: float = 1.0, logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
 ) -> ReferenceResult:
-    if not prompt_ids:
-        raise ValueError("prompt is empty")
-    if max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
-    num_blocks = blocks_needed(max_new_tokens, block_length)
+    num_blocks, width = _canvas_size(lm, prompt_ids, max_new_tokens, block_length)
     prompt_length = len(prompt_ids)
-    width = prompt_length + num_blocks * block_length
-    if width > lm.max_length:
-        raise ValueError(f"prompt ({prompt_length}) + canvas exceeds the model's maximum {lm.max_length}")
     device, mask_id, shift = lm.device, lm.tokens.mask_id, lm.logit_shift
     # a shifted family (Dream): Fast-dLLM's windows start at the block and a block's first step commits
     # only its first position; "lookback" windows start one column earlier and apply the rule throughout
     lookback = shift if shifted_decoding == "lookback" else 0
     rule = dataclasses.replace(
         rule, first_step_first_position=commits_first_position_first(rule.kind, shift, shifted_decoding))
-    canvas = torch.full((1, width), mask_id, dtype=torch.long, device=device)
-    canvas[0, :prompt_length] = torch.tensor(prompt_ids, device=device)
-    positions = torch.arange(width, device=device)[None]
-    key_mask = torch.ones(1, width, dtype=torch.bool, device=device)
+    canvas, positions, key_mask, arena = _blank_canvas(lm, prompt_ids, width, cache)
     seeds = torch.tensor([seed], dtype=torch.long, device=device)
-    arena = KVArena(lm.model.config, 1, width, lm.dtype, device) if cache != "none" else None
-    if arena is not None:
-        arena.key_mask[0, :width] = True
     slot = torch.zeros(1, dtype=torch.long, device=device)
 
     total_steps, blocks_run, stopped = 0, 0, False
@@ -91,42 +81,21 @@ def reference_generate(
                 refresh = RefreshPart(canvas, positions, key_mask, read, slot if arena is not None else None)
                 hidden = lm.model.forward_step(refresh, None, arena)
             else:
-                window_end = end if cache == "dual" else width
-                columns = torch.arange(start - lookback, window_end, device=device)[None]
-                window = WindowPart(canvas[:, columns[0]], positions[:, columns[0]], columns, slot,
-                                    context_start=0, num_read=block_length, slot_range=(0, 1),
-                                    read_shift=shift - lookback)
-                hidden = lm.model.forward_step(None, window, arena)
+                hidden = _window_forward(lm, canvas, positions, arena, slot,
+                                         (start - lookback, end if cache == "dual" else width), block_length,
+                                         read_shift=shift - lookback)
             logits = lm.model.logits(hidden)
-            sampling = None
-            if temperature > 0:
-                canvas_positions = torch.arange(block * block_length, (block + 1) * block_length,
-                                                device=device)[None]
-                global_step = torch.tensor([block * block_length + step], device=device)
-                filters = None
-                if top_k > 0 or top_p < 1.0:
-                    filters = TokenFilters(top_k=torch.tensor([top_k], device=device),
-                                           top_p=torch.tensor([float(top_p)], dtype=torch.float64, device=device))
-                sampling = Sampling(rows=torch.tensor([0], device=device),
-                                    temperatures=torch.tensor([float(temperature)], device=device),
-                                    noise=gumbel_noise(seeds, global_step, canvas_positions, logits.shape[-1]),
-                                    filters=filters)
-            bias = None
-            if logit_bias:
-                bias = RowBias(rows=torch.tensor([0], device=device),
-                               values=dense_bias([logit_bias], logits.shape[-1], torch.float64, device))
+            sampling = (_sampling(seeds, temperature, top_k, top_p, block * block_length, step, block_length,
+                                  logits.shape[-1]) if temperature > 0 else None)
+            bias = _row_bias(logit_bias, logits.shape[-1], device) if logit_bias else None
             candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=rule.measure, bias=bias)
             masked = canvas[:, start:end] == mask_id
             commit = select_commits(rule, confidence, masked, torch.tensor([step], device=device),
                                     torch.tensor([block_length], device=device))
             canvas[:, start:end] = torch.where(commit, candidates, canvas[:, start:end])
             if logprobs is not None:
-                chosen, values, ids = token_logprobs(logits, mask_id, candidates, logprobs,
-                                                     None if bias is None else bias.values)
-                for j in commit[0].nonzero().flatten().tolist():
-                    committed_logprobs[block * block_length + j] = TokenLogprob(
-                        int(candidates[0, j]), float(chosen[0, j]),
-                        tuple(zip(ids[0, j].tolist(), values[0, j].tolist())))
+                committed_logprobs |= _committed_logprobs(logits, mask_id, candidates, commit, logprobs, bias,
+                                                          offset=block * block_length)
             step += 1
         total_steps += step
         blocks_run += 1
@@ -140,3 +109,70 @@ def reference_generate(
                            num_blocks=blocks_run, num_steps=total_steps,
                            logprobs=None if logprobs is None else [committed_logprobs[index]
                                                                    for index in range(len(token_ids))])
+
+
+def _canvas_size(lm: DiffusionLM, prompt_ids: list[int], max_new_tokens: int,
+                 block_length: int) -> tuple[int, int]:
+    """(blocks, canvas width) of a request, or the ValueError the engine would raise for it."""
+    if not prompt_ids:
+        raise ValueError("prompt is empty")
+    if max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    num_blocks = blocks_needed(max_new_tokens, block_length)
+    width = len(prompt_ids) + num_blocks * block_length
+    if width > lm.max_length:
+        raise ValueError(f"prompt ({len(prompt_ids)}) + canvas exceeds the model's maximum {lm.max_length}")
+    return num_blocks, width
+
+
+def _blank_canvas(lm: DiffusionLM, prompt_ids: list[int], width: int,
+                  cache: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, KVArena | None]:
+    """The prompt then masks up to ``width``, its positions and key mask, and a one-row KV arena (None
+    without a cache)."""
+    device = lm.device
+    canvas = torch.full((1, width), lm.tokens.mask_id, dtype=torch.long, device=device)
+    canvas[0, :len(prompt_ids)] = torch.tensor(prompt_ids, device=device)
+    positions = torch.arange(width, device=device)[None]
+    key_mask = torch.ones(1, width, dtype=torch.bool, device=device)
+    arena = KVArena(lm.model.config, 1, width, lm.dtype, device) if cache != "none" else None
+    if arena is not None:
+        arena.key_mask[0, :width] = True
+    return canvas, positions, key_mask, arena
+
+
+def _window_forward(lm: DiffusionLM, canvas: torch.Tensor, positions: torch.Tensor, arena: KVArena,
+                    slot: torch.Tensor, window: tuple[int, int], block_length: int, read_shift: int) -> torch.Tensor:
+    """Hidden states of canvas columns [window[0], window[1]) over the cached keys/values of the rest."""
+    columns = torch.arange(*window, device=canvas.device)[None]
+    part = WindowPart(canvas[:, columns[0]], positions[:, columns[0]], columns, slot, context_start=0,
+                      num_read=block_length, slot_range=(0, 1), read_shift=read_shift)
+    return lm.model.forward_step(None, part, arena)
+
+
+def _sampling(seeds: torch.Tensor, temperature: float, top_k: int, top_p: float, block_offset: int, step: int,
+              block_length: int, vocab_size: int) -> Sampling:
+    """The one row's sampling inputs at ``step`` of the block starting at output position ``block_offset``."""
+    device = seeds.device
+    canvas_positions = torch.arange(block_offset, block_offset + block_length, device=device)[None]
+    global_step = torch.tensor([block_offset + step], device=device)
+    filters = None
+    if top_k > 0 or top_p < 1.0:
+        filters = TokenFilters(top_k=torch.tensor([top_k], device=device),
+                               top_p=torch.tensor([float(top_p)], dtype=torch.float64, device=device))
+    return Sampling(rows=torch.tensor([0], device=device),
+                    temperatures=torch.tensor([float(temperature)], device=device),
+                    noise=gumbel_noise(seeds, global_step, canvas_positions, vocab_size), filters=filters)
+
+
+def _row_bias(logit_bias: dict[int, float], vocab_size: int, device: torch.device) -> RowBias:
+    return RowBias(rows=torch.tensor([0], device=device),
+                   values=dense_bias([logit_bias], vocab_size, torch.float64, device))
+
+
+def _committed_logprobs(logits: torch.Tensor, mask_id: int, candidates: torch.Tensor, commit: torch.Tensor,
+                        count: int, bias: RowBias | None, offset: int) -> dict[int, TokenLogprob]:
+    """Output position -> logprob of each token this step committed (``offset``: the block's start)."""
+    chosen, values, ids = token_logprobs(logits, mask_id, candidates, count, None if bias is None else bias.values)
+    return {offset + j: TokenLogprob(int(candidates[0, j]), float(chosen[0, j]),
+                                     tuple(zip(ids[0, j].tolist(), values[0, j].tolist())))
+            for j in commit[0].nonzero().flatten().tolist()}
