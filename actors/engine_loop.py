@@ -63,6 +63,7 @@ class AddRequest:  # inbox command: join the engine at the next step
     request_id: str
     prompt: Prompt
     params: SamplingParams
+    arrival_time: float  # the submission: where the request's queue time starts (engine and stream alike)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class EngineLoop:
                 self.first_submit_time = stream.arrival_time
             self._streams[request_id] = stream
             self._waiting[request_id] = stream.arrival_time
-            self._inbox.append(AddRequest(request_id, prompt, params))
+            self._inbox.append(AddRequest(request_id, prompt, params, stream.arrival_time))
             self._wakeup.notify()
         return stream
 
@@ -208,7 +209,8 @@ class EngineLoop:
                 continue
             self._end_idle()
             try:
-                self.engine.add_request(command.prompt, command.params, request_id=command.request_id)
+                self.engine.add_request(command.prompt, command.params, request_id=command.request_id,
+                                        arrival_time=command.arrival_time)
             except Exception as error:  # bad input finishes as "error" itself; this is a last resort
                 with self._wakeup:
                     self._waiting.pop(command.request_id, None)
@@ -236,7 +238,6 @@ class EngineLoop:
         return oldest + self.static_batch_timeout_s - time.time()
 
     def _step(self) -> None:
-        started = time.time()
         report = self.engine.step()
         finished = {output.request_id: output for output in report.finished}
         ended = time.time()
@@ -257,7 +258,7 @@ class EngineLoop:
                 continue
             output = finished.get(request_id)
             if request_id in report.admitted:
-                stream.first_scheduled_time = started
+                stream.first_scheduled_time = report.scheduled_time  # the engine's own clock
             if request_id in report.new_token_ids:
                 stream.num_blocks += 1
                 if stream.first_block_time is None:

@@ -1,9 +1,11 @@
 """The OpenAI endpoints over one engine loop, independent of FastAPI and Ray: validated bodies in,
 openai-typed responses or Server-Sent-Event lines out, :class:`OpenAIError` for anything the client must fix.
 
-Requests are checked and tokenized here (tokenizing in a worker thread, never on the event loop), before
-they reach the engine, so a bad one is a 400 naming its field and never occupies the loop. A streamed response sends one chunk per committed block (a diffusion
-model finalizes text block by block), the last one carrying ``finish_reason``, then ``data: [DONE]``.
+Requests are checked and tokenized here by the engine's own admission check (``engine.tokenize`` in a
+worker thread, never on the event loop, then ``engine.check``), before they reach the engine loop, so a
+bad one is a 400 naming its field, with the message the engine would give, and never occupies the loop.
+A streamed response sends one chunk per committed block (a diffusion model finalizes text block by
+block), the last one carrying ``finish_reason``, then ``data: [DONE]``.
 """
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ from actors.openai_protocol import (
     MAX_STOP_STRINGS, BlockServeInfo, ChatCompletionRequest, CompletionRequest, FinishReason, ModelList,
     OpenAIError, chat_chunk, chat_completion, completion, dump, new_id, now_s, token_usage)
 from actors.serve_metrics import ServeMetrics
-from engine.config import blocks_needed
 from engine import RequestOutput, SamplingParams
-from engine.prompts import Prompt, PromptTooLongError, encode_prompt
+from engine.admission import AdmissionError
+from engine.prompts import Prompt
 
 FINISH_REASONS: dict[str, FinishReason] = {"eos": "stop", "length": "length"}
 
@@ -85,7 +87,6 @@ class OpenAIServer:
                  metrics: ServeMetrics | None = None):
         self.loop, self.model_name, self.metrics = loop, model_name, metrics
         self.lm, self.block_length = loop.engine.lm, loop.engine.config.block_length
-        self.max_row_width = loop.engine.max_row_width  # <= the model's length and the token budget
         # None: the longest whole-block canvas that fits the model next to a one-token prompt
         self.max_tokens_limit = max_tokens_limit or (
             (self.lm.max_length - 1) // self.block_length * self.block_length)
@@ -135,26 +136,18 @@ class OpenAIServer:
         if max_tokens > self.max_tokens_limit:
             raise OpenAIError(f"{param} must be at most {self.max_tokens_limit}, got {max_tokens}",
                               param=param, code="invalid_value")
-        room = self.max_row_width - blocks_needed(max_tokens, self.block_length) * self.block_length
-        try:
-            prompt_ids = await asyncio.to_thread(encode_prompt, self.lm.tokenizer, prompt,
-                                                 self.lm.vocab_size, max(room, 0))
-        except PromptTooLongError as error:
-            raise OpenAIError(f"{prompt_param}: {error} beside {param} ({max_tokens}, rounded up to "
-                              f"whole blocks of {self.block_length}) in a row of at most "
-                              f"{self.max_row_width} tokens", param=prompt_param,
-                              code="context_length_exceeded")
-        except ValueError as error:
-            raise OpenAIError(f"{prompt_param}: {error}", param=prompt_param, code="invalid_value")
-        self._check_width(len(prompt_ids), max_tokens, param, prompt_param)
-        params = SamplingParams(max_new_tokens=max_tokens, temperature=body.temperature, seed=body.seed,
-                                stop_at_eos=not body.ignore_eos, top_k=max(body.top_k or 0, 0),
-                                top_p=1.0 if body.top_p is None else body.top_p,
-                                logit_bias=body.token_bias(), logprobs=logprobs)
-        bad_ids = [token for token in params.logit_bias or () if token >= self.lm.vocab_size]
-        if bad_ids:
-            raise OpenAIError(f"logit_bias: token ids outside the vocabulary [0, {self.lm.vocab_size}): "
-                              f"{bad_ids[:5]}", param="logit_bias", code="invalid_value")
+        params = SamplingParams.from_openai({
+            "max_tokens": max_tokens, "temperature": body.temperature, "seed": body.seed,
+            "ignore_eos": body.ignore_eos, "top_k": body.top_k, "top_p": body.top_p,
+            "logit_bias": body.token_bias(), "logprobs": logprobs})
+        names = {"prompt": prompt_param, "max_new_tokens": param, "stop_at_eos": "ignore_eos",
+                 "logprobs": "top_logprobs" if chat else "logprobs", "params": None}  # ours -> the body's
+        try:  # the engine's own admission check, tokenizing in a worker thread
+            prompt_ids = await asyncio.to_thread(self.loop.engine.tokenize, prompt, params)
+            self.loop.engine.check(prompt_ids, params)
+        except AdmissionError as error:
+            raise OpenAIError(str(error), param=names.get(error.param, error.param),
+                              code="context_length_exceeded" if error.too_long else "invalid_value") from None
         request_id = new_id("chatcmpl" if chat else "cmpl")
         try:
             stream = self.loop.submit(prompt_ids, params, request_id)
@@ -168,24 +161,6 @@ class OpenAIServer:
             raise OpenAIError(str(error), status=503, type="server_error", code="engine_unavailable")
         return Job(stream, TextStream(self.lm.tokenizer, stops), len(prompt_ids), chat,
                    body.include_usage, logprobs is not None)
-
-    def _check_width(self, prompt_tokens: int, max_tokens: int, param: str, prompt_param: str) -> None:
-        """The engine's row is prompt + max_tokens rounded up to whole blocks: it must fit."""
-        blocks = blocks_needed(max_tokens, self.block_length)
-        width = prompt_tokens + blocks * self.block_length
-        for limit, what in ((self.lm.max_length, "the model's context length"),
-                            (self.loop.engine.token_budget, "the engine's token budget"),
-                            (self.max_row_width, "the engine's max_model_len")):
-            if prompt_tokens + self.block_length > limit:
-                raise OpenAIError(
-                    f"{prompt_param}: the prompt ({prompt_tokens} tokens) leaves no room for one block "
-                    f"of {self.block_length} within {what} ({limit})", param=prompt_param,
-                    code="context_length_exceeded")
-            if width > limit:
-                raise OpenAIError(
-                    f"prompt ({prompt_tokens} tokens) + {param} ({max_tokens}, rounded up to {blocks} "
-                    f"blocks of {self.block_length}) = {width} tokens exceeds {what} ({limit})",
-                    param=param, code="context_length_exceeded")
 
     # -- responses ---------------------------------------------------------------------------------
     async def _collect(self, job: Job) -> Completion | ChatCompletion:

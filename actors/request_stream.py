@@ -27,7 +27,7 @@ class RequestStream:
     request_id: str
     arrival_time: float
     event_loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
-    first_scheduled_time: float | None = None  # start of the step that admitted it into a row
+    first_scheduled_time: float | None = None  # when the engine admitted it into a row (its own clock)
     first_block_time: float | None = None  # end of the step that completed its first block
     num_blocks: int = 0
     result: Future = field(default_factory=Future, repr=False)

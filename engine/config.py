@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 SCHEDULES = ("step", "block", "static", "shrink")
@@ -27,6 +27,23 @@ def window_lookback(config: EngineConfig, logit_shift: int) -> int:
 
 def _fail(field: str, message: str) -> None:
     raise ValueError(f"EngineConfig.{field}: {message}")
+
+
+def dream_alg_problem(alg: object) -> str | None:
+    """Why ``alg`` is not one of Dream's algs offered here (None if it is)."""
+    if alg in DREAM_ALGS:
+        return None
+    return (f"must be one of {DREAM_ALGS}, got {alg!r}"
+            + (" (Dream's random 'origin' transfer is not offered)" if alg == "origin" else ""))
+
+
+def _from_dict(cls: type, values: Mapping[str, Any]):
+    """``cls(**values)``, refusing unknown keys by name."""
+    known = {field.name for field in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields: {sorted(known)}")
+    return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +113,8 @@ class EngineConfig:
             _fail("max_model_len", f"must be a positive int or None, got {self.max_model_len!r}")
         if self.decoding == "quota" and self.steps_per_block is None:
             _fail("steps_per_block", "quota decoding needs a fixed number of steps per block")
-        if self.dream_alg not in DREAM_ALGS:
-            _fail("dream_alg", f"must be one of {DREAM_ALGS}, got {self.dream_alg!r}"
-                  + (" (Dream's random 'origin' transfer is not offered)" if self.dream_alg == "origin" else ""))
+        if (problem := dream_alg_problem(self.dream_alg)) is not None:
+            _fail("dream_alg", problem)
         if isinstance(self.dream_eps, bool) or not isinstance(self.dream_eps, (int, float)) \
                 or not 0.0 < self.dream_eps < 1.0:
             _fail("dream_eps", f"must be in (0, 1), got {self.dream_eps!r}")
@@ -107,11 +123,7 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"EngineConfig: unknown field(s) {unknown}; known fields: {sorted(known)}")
-        return cls(**values)
+        return _from_dict(cls, values)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -149,6 +161,7 @@ class SamplingParams:
         return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
 
     def validation_error(self) -> str | None:
+        """The first problem with these settings, as a message that starts with the field's name."""
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
             return f"max_new_tokens must be an int, got {type(self.max_new_tokens).__name__}"
         if self.max_new_tokens <= 0:
@@ -176,8 +189,48 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
+        return _from_dict(cls, values)
+
+    @classmethod
+    def from_openai(cls, values: Mapping[str, Any], defaults: SamplingParams | None = None,
+                    refused: tuple[str, ...] = ()) -> SamplingParams:
+        """``defaults`` with OpenAI / vLLM request settings applied (None: not set): ``max_tokens``,
+        ``ignore_eos``, ``top_k`` (vLLM's -1 is off: 0 here), ``logit_bias`` (token ids as ints or
+        digit strings), and every field of ours by its own name. A key outside those, or in
+        ``refused``, raises ValueError naming it. Values are not validated (see validation_error)."""
+        supported = sorted({*OPENAI_NAMES, *(field.name for field in dataclasses.fields(cls))} - set(refused))
+        given = {key: value for key, value in values.items() if value is not None}
+        unknown = sorted(set(given) - set(supported))
         if unknown:
-            raise ValueError(f"SamplingParams: unknown field(s) {unknown}; known fields: {sorted(known)}")
-        return cls(**values)
+            raise ValueError(f"unsupported key(s) {unknown}; supported: {supported}")
+        changes: dict[str, Any] = {}
+        for key, value in given.items():
+            if key == "ignore_eos":
+                changes["stop_at_eos"] = not bool(value)
+            elif key == "top_k":
+                changes["top_k"] = 0 if value == -1 else value
+            elif key == "logit_bias":
+                changes["logit_bias"] = _token_bias(value)
+            else:
+                changes[OPENAI_NAMES.get(key, key)] = value
+        return dataclasses.replace(defaults if defaults is not None else cls(), **changes)
+
+
+OPENAI_NAMES = {"max_tokens": "max_new_tokens", "ignore_eos": "stop_at_eos"}  # OpenAI / vLLM -> ours
+
+
+def _token_bias(value: Any) -> dict[int, float]:
+    """{token id: bias} from ids as ints or digit strings (JSON and Arrow keys are strings); a None
+    bias is not set."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {type(value).__name__}")
+    bias = {}
+    for key, number in value.items():
+        if number is None:
+            continue
+        if isinstance(key, str) and key.isdigit():
+            key = int(key)
+        if not isinstance(key, int) or isinstance(key, bool):
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        bias[key] = number
+    return bias

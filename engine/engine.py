@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from engine.admission import AdmissionError, AdmissionLimits
 from engine.batch import RowArena
 from engine.config import EngineConfig, SamplingParams, blocks_needed, window_lookback
 from engine.memory import check_arena_fits
@@ -32,6 +33,7 @@ class StepReport:
     new_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> tokens its
     # just-completed block added to its output (up to a stop token; empty past one or its cap)
     admitted: tuple[str, ...] = ()  # request ids that joined at this step
+    scheduled_time: float = 0.0  # when it admitted them: their first_scheduled_time (the queue clock)
     num_rows: int = 0
     bounding_box_tokens: int = 0
 
@@ -42,6 +44,8 @@ class BlockServeEngine:
         self.config = config or EngineConfig()
         self.token_budget = self.config.resolved_token_budget(lm.max_length)
         self.max_row_width = self.config.resolved_max_model_len(lm.max_length)
+        self.limits = AdmissionLimits(self.config.block_length, lm.vocab_size, lm.max_length,
+                                      self.token_budget, self.max_row_width)
         check_arena_fits(lm, self.config)  # before allocating: an arena that cannot fit fails by name
         self.scheduler = Scheduler(self.config, self.token_budget, self.max_row_width)
         self.runner = ModelRunner(lm, self.config)
@@ -61,60 +65,59 @@ class BlockServeEngine:
 
     # -- requests ----------------------------------------------------------------------------------
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
-        """Queue a request. Bad input does not raise: the request finishes with finish_reason "error"."""
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Queue a request. Bad input does not raise: the request finishes with finish_reason "error"
+        and the message of the :class:`AdmissionError` that ``tokenize`` / ``check`` raise.
+        ``arrival_time``: when the caller received it (default: now), the start of its queue time."""
         number = next(self._sequence)
         request_id = str(request_id) if request_id is not None else f"req-{number}"
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = params if params is not None else SamplingParams()
         request = Request(request_id=request_id, prompt_token_ids=[], params=params,
-                          block_length=self.config.block_length, arrival_time=time.time(),
+                          block_length=self.config.block_length,
+                          arrival_time=arrival_time if arrival_time is not None else time.time(),
                           sequence_number=number)
         self._requests[request_id] = request
-        error = self._prepare(request, prompt)
-        if error is not None:
-            request.error = error
+        try:
+            self._prepare(request, prompt)
+        except AdmissionError as error:
+            request.error = str(error)
             request.status = RequestStatus.FINISHED_ERROR
             self._early_outputs.append(self._finish(request))
         else:
             self.scheduler.add(request)
         return request_id
 
-    def _prepare(self, request: Request, prompt: Prompt) -> str | None:
-        """Tokenize and size the request; return an error message if it can never run."""
-        if not isinstance(request.params, SamplingParams):
-            return f"params must be SamplingParams, got {type(request.params).__name__}"
-        problem = request.params.validation_error()
-        if problem:
-            return problem
-        if request.params.logit_bias and max(request.params.logit_bias) >= self.lm.vocab_size:
-            return f"logit_bias: token id {max(request.params.logit_bias)} is outside the vocabulary " \
-                   f"[0, {self.lm.vocab_size})"
-        request.cap_blocks = blocks_needed(request.params.max_new_tokens, self.config.block_length)
-        request.canvas_blocks = request.cap_blocks
-        canvas = request.cap_blocks * self.config.block_length
-        try:  # a text prompt that cannot fit beside its canvas is refused before it is tokenized
-            request.prompt_token_ids = encode_prompt(self.lm.tokenizer, prompt, self.lm.vocab_size,
-                                                     max_tokens=max(self.max_row_width - canvas, 0))
+    def tokenize(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        """The prompt's token ids; AdmissionError if the settings are invalid or the prompt cannot be
+        one or cannot fit beside its canvas (a text too long is refused before it is tokenized)."""
+        self.limits.check_params(params)
+        room = self.limits.prompt_room(params)
+        try:
+            return encode_prompt(self.lm.tokenizer, prompt, self.lm.vocab_size, max_tokens=room)
         except PromptTooLongError as error:
-            return f"{error} beside a canvas of {canvas} tokens in a row of at most {self.max_row_width}"
+            raise AdmissionError(f"{error} beside a canvas of {self.limits.canvas_tokens(params)} tokens in a "
+                                 f"row of at most {self.max_row_width}", "prompt", too_long=True) from None
         except ValueError as error:
-            return str(error)
+            raise AdmissionError(str(error), "prompt") from None
         except Exception as error:  # a tokenizer failure on odd input is still this request's problem
-            return f"could not tokenize prompt: {type(error).__name__}: {error}"
+            raise AdmissionError(f"could not tokenize prompt: {type(error).__name__}: {error}", "prompt") from None
+
+    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise the AdmissionError this engine gives a request of these tokens and settings that could
+        never run (invalid settings, a row wider than the model, the token budget or max_model_len)."""
+        self.limits.check_params(params)
+        self.limits.check_width(len(prompt_ids), params)
+
+    def _prepare(self, request: Request, prompt: Prompt) -> None:
+        """Tokenize and size the request; AdmissionError if it can never run."""
+        request.prompt_token_ids = self.tokenize(prompt, request.params)
+        request.cap_blocks = request.canvas_blocks = blocks_needed(request.params.max_new_tokens,
+                                                                   self.config.block_length)
         request.seed = request.params.seed if request.params.seed is not None else (
             self._seed_source.getrandbits(31))
-        if request.own_width > self.lm.max_length:
-            return (f"prompt ({request.prompt_length} tokens) + canvas ({request.cap_blocks} blocks of "
-                    f"{self.config.block_length}) exceeds the model's maximum length {self.lm.max_length}")
-        if request.own_width > self.token_budget:
-            return (f"request needs a row of {request.own_width} tokens, more than the whole token "
-                    f"budget ({self.token_budget}); it can never be scheduled")
-        if request.own_width > self.max_row_width:
-            return (f"request needs a row of {request.own_width} tokens, wider than the engine's "
-                    f"max_model_len ({self.max_row_width})")
-        return None
+        self.check(request.prompt_token_ids, request.params)
 
     def abort_request(self, request_id: str) -> None:
         """A pending request leaves now; a running one leaves when its current block is complete
@@ -145,7 +148,8 @@ class BlockServeEngine:
         """Run ONE denoising step; return what it did: the requests that finished at its end (and any
         rejected), and the new output tokens of each row whose block it completed."""
         started = time.perf_counter()
-        plan = self.scheduler.schedule(time.time())
+        now = time.time()
+        plan = self.scheduler.schedule(now)
         for request in plan.admitted:
             self.arena.place(request)
         output, record = self._run(plan)
@@ -154,7 +158,7 @@ class BlockServeEngine:
         finished += [self._finish(request) for request in update.finished]
         self.stats_collector.add_elapsed(time.perf_counter() - started)
         return StepReport(finished=finished, new_token_ids=update.new_token_ids,
-                          admitted=tuple(request.request_id for request in plan.admitted),
+                          admitted=tuple(request.request_id for request in plan.admitted), scheduled_time=now,
                           num_rows=record.rows, bounding_box_tokens=record.bounding_box_tokens)
 
     def _run(self, plan: SchedulerOutput) -> tuple[StepOutput, ForwardRecord]:

@@ -1,0 +1,64 @@
+"""What a request must satisfy to ever run: the one check behind ``BlockServeEngine.add_request``, the
+OpenAI server's 400s and a Ray Data row's error.
+
+A request's row is its prompt plus its canvas (``max_new_tokens`` rounded up to whole blocks); the row
+must fit the model's maximum length, the token budget (a box of one row) and ``max_model_len``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import SamplingParams, blocks_needed
+
+
+class AdmissionError(ValueError):
+    """A request the engine can never run. ``param`` names the setting to change: ``"prompt"``,
+    ``"params"`` or a SamplingParams field; ``too_long``: the row cannot fit (a context-length error)."""
+
+    def __init__(self, message: str, param: str, too_long: bool = False):
+        super().__init__(message)
+        self.param, self.too_long = param, too_long
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    block_length: int
+    vocab_size: int
+    model_max_length: int
+    token_budget: int
+    max_model_len: int  # the engine's widest row (resolved: <= the model's length and the budget)
+
+    def check_params(self, params: object) -> None:
+        if not isinstance(params, SamplingParams):
+            raise AdmissionError(f"params must be SamplingParams, got {type(params).__name__}", "params")
+        problem = params.validation_error()
+        if problem:
+            raise AdmissionError(problem, problem.split(" ", 1)[0])  # each message starts with its field
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise AdmissionError(f"logit_bias: token id {max(params.logit_bias)} is outside the vocabulary "
+                                 f"[0, {self.vocab_size})", "logit_bias")
+
+    def canvas_tokens(self, params: SamplingParams) -> int:
+        return blocks_needed(params.max_new_tokens, self.block_length) * self.block_length
+
+    def prompt_room(self, params: SamplingParams) -> int:
+        """The most prompt tokens that fit beside the canvas in the widest row."""
+        return max(self.max_model_len - self.canvas_tokens(params), 0)
+
+    def check_width(self, prompt_tokens: int, params: SamplingParams) -> None:
+        """The row (prompt + canvas) must fit every limit; the prompt is at fault when even one block
+        beside it does not."""
+        blocks = blocks_needed(params.max_new_tokens, self.block_length)
+        width = prompt_tokens + blocks * self.block_length
+        for limit, what in ((self.model_max_length, "the model's maximum length"),
+                            (self.token_budget, "the engine's token budget"),
+                            (self.max_model_len, "the engine's max_model_len")):
+            if prompt_tokens + self.block_length > limit:
+                raise AdmissionError(
+                    f"the prompt ({prompt_tokens} tokens) + one block of {self.block_length} exceeds {what} "
+                    f"({limit})", "prompt", too_long=True)
+            if width > limit:
+                raise AdmissionError(
+                    f"prompt ({prompt_tokens} tokens) + max_new_tokens ({params.max_new_tokens}, rounded up "
+                    f"to {blocks} blocks of {self.block_length}) = {width} tokens exceeds {what} ({limit})",
+                    "max_new_tokens", too_long=True)

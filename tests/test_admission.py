@@ -1,0 +1,82 @@
+"""One admission check: a request that can never run gets the same error from the engine, the OpenAI
+server (a 400) and a Ray Data row, because all three ask ``engine.tokenize`` / ``engine.check``."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from actors.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
+from engine import BlockServeEngine, EngineConfig, SamplingParams
+from engine.admission import AdmissionError
+from tests.pipeline_helpers import freeze_tiny_model
+
+ENGINE = {"block_length": 8, "max_batch_size": 2, "max_model_len": 64}
+PROMPT = [5] * 20  # 20 tokens + one block of 8 fit in 64; with 64 new tokens (84) they do not
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return freeze_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def engine(model) -> BlockServeEngine:
+    return BlockServeEngine.from_pretrained(model, EngineConfig(**ENGINE), dtype="float32")
+
+
+def engine_error(engine: BlockServeEngine, prompt, params: SamplingParams) -> str:
+    output = engine.generate([prompt], params)[0]
+    assert output.finish_reason == "error"
+    return output.error
+
+
+def test_check_raises_what_add_request_reports(engine):
+    params = SamplingParams(max_new_tokens=64)
+    with pytest.raises(AdmissionError) as raised:
+        engine.check(PROMPT, params)
+    assert raised.value.param == "max_new_tokens" and raised.value.too_long
+    assert str(raised.value) == engine_error(engine, PROMPT, params)
+    assert "exceeds the engine's max_model_len (64)" in str(raised.value)
+    with pytest.raises(AdmissionError) as raised:
+        engine.check([5] * 60, SamplingParams(max_new_tokens=8))  # 60 + one block > 64: the prompt's fault
+    assert raised.value.param == "prompt"
+    engine.check(PROMPT, SamplingParams(max_new_tokens=40))  # 20 + 40 fits: nothing raised
+
+
+def test_a_row_wider_than_max_model_len_gets_the_same_error_from_the_engine_the_server_and_ray_data(
+        engine, model):
+    from actors.block_serve_actor import BlockServeActor
+    from actors.engine_loop import EngineLoop
+    from actors.openai_server import OpenAIServer
+
+    expected = engine_error(engine, PROMPT, SamplingParams(max_new_tokens=64))
+    loop = EngineLoop(BlockServeEngine(engine.lm, EngineConfig(**ENGINE))).start()
+    try:
+        server = OpenAIServer(loop, model_name="tiny")
+        with pytest.raises(OpenAIError) as refused:
+            asyncio.run(server.completions(CompletionRequest.model_validate(
+                {"prompt": PROMPT, "max_tokens": 64})))
+        assert refused.value.status == 400 and refused.value.param == "max_tokens"
+        assert refused.value.code == "context_length_exceeded" and refused.value.message == expected
+        with pytest.raises(OpenAIError) as refused:
+            asyncio.run(server.chat(ChatCompletionRequest.model_validate(
+                {"messages": [{"role": "user", "content": "count " * 60}], "max_tokens": 8})))
+        assert refused.value.param == "messages" and refused.value.code == "context_length_exceeded"
+    finally:
+        loop.stop()
+    actor = BlockServeActor(model=str(model), engine=ENGINE, torch_threads=1)
+    rows = asyncio.run(actor({"prompt": np.array([PROMPT], dtype=object),
+                              "sampling_params": np.array([{"max_tokens": 64}], dtype=object)}))
+    assert rows["__inference_error__"].to_pylist() == [expected]
+
+
+def test_openai_and_vllm_names_map_to_sampling_params_in_one_place():
+    params = SamplingParams.from_openai({"max_tokens": 40, "ignore_eos": True, "top_k": -1, "top_p": None,
+                                         "logit_bias": {"7": 2.0}, "temperature": 0.5})
+    assert params == SamplingParams(max_new_tokens=40, stop_at_eos=False, top_k=0, logit_bias={7: 2.0},
+                                    temperature=0.5)
+    assert SamplingParams.from_openai({}, SamplingParams(max_new_tokens=8)) == SamplingParams(max_new_tokens=8)
+    with pytest.raises(ValueError, match=r"unsupported key\(s\) \['logprobs', 'n'\]"):
+        SamplingParams.from_openai({"n": 2, "logprobs": 1}, refused=("logprobs",))
