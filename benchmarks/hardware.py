@@ -52,11 +52,6 @@ class Device:
     bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
     launch_overhead_s: float = DEFAULT_LAUNCH_OVERHEAD_S
 
-    @property
-    def ridge_flops_per_byte(self) -> float:
-        """Arithmetic intensity where compute time = memory time at the datasheet peaks."""
-        return self.peak_flops / self.bandwidth
-
 
 # Sources: NVIDIA H200 Tensor Core GPU datasheet (SXM: BF16 1,979 TFLOPS *with sparsity* -> 989 dense,
 # 4.8 TB/s HBM3e, 141 GB); NVIDIA H100 datasheet (SXM: BF16 1,979 sparse -> 989 dense, 3.35 TB/s, 80 GB);

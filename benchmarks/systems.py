@@ -19,8 +19,6 @@ from engine.models.loader import DiffusionLM
 from benchmarks.workloads import Workload, exact_match
 
 SYSTEMS = ("step", "block", "static", "shrink")
-LABELS = {"step": "ours (step)", "block": "BlockServe (block)", "static": "Fast-dLLM (static)",
-          "shrink": "Fast-dLLM v2/dInfer (shrink)"}
 
 
 @dataclass

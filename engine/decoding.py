@@ -35,12 +35,13 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.config import DREAM_ALGS, dream_alg_problem
 from engine.logit_processors import RowBias, TokenFilters, apply_logit_bias, filter_top_k_top_p
 
 _HASH_MULTIPLIER = 0x45D9F3B
 _UINT32 = 0xFFFFFFFF
 # Dream's alg -> the score its positions are ranked by (see propose_tokens)
-DREAM_MEASURES = {"maskgit_plus": "probability", "topk_margin": "margin", "entropy": "neg_entropy"}
+DREAM_MEASURES = dict(zip(DREAM_ALGS, ("probability", "margin", "neg_entropy")))
 _ENTROPY_EPSILON = 1e-10  # Dream's: log(p + eps) keeps p = 0 finite
 
 
@@ -51,14 +52,13 @@ class DecodeRule:
     factor: float = 1.0
     steps_per_block: int | None = None
     first_step_first_position: bool = False
-    dream_alg: str = "maskgit_plus"  # kind "dream": one of DREAM_MEASURES
+    dream_alg: str = "maskgit_plus"  # kind "dream": one of DREAM_ALGS
     dream_eps: float = 1e-3  # kind "dream": the schedule's last timestep
 
     def __post_init__(self) -> None:
         if self.kind == "dream":
-            if self.dream_alg not in DREAM_MEASURES:
-                raise ValueError(f"dream_alg must be one of {tuple(DREAM_MEASURES)}, got {self.dream_alg!r}"
-                                 " (Dream's 'origin', random transfer, is not offered)")
+            if (problem := dream_alg_problem(self.dream_alg)) is not None:
+                raise ValueError(f"dream_alg {problem}")
             if self.steps_per_block is None:
                 raise ValueError("decoding 'dream' needs steps_per_block (Dream's steps)")
 
@@ -168,9 +168,10 @@ def distribution_scores(probabilities: torch.Tensor, measure: str) -> torch.Tens
     raise ValueError(f"unknown confidence measure {measure!r}; known: probability, margin, neg_entropy")
 
 
-def quota_for_step(num_masked_at_start: torch.Tensor, step: torch.Tensor, steps: int) -> torch.Tensor:
-    """Tokens to commit at ``step`` (0-based) of a block: an even split, remainder first."""
-    base, remainder = num_masked_at_start // steps, num_masked_at_start % steps
+def quota_for_step(block_length: int | torch.Tensor, step: torch.Tensor, steps: int) -> torch.Tensor:
+    """Tokens to commit at ``step`` (0-based) of a block (all masks at its start): an even split,
+    remainder first."""
+    base, remainder = block_length // steps, block_length % steps
     return base + (step < remainder).long()
 
 
@@ -200,10 +201,10 @@ def _rank_by_confidence(confidence: torch.Tensor, masked: torch.Tensor):
 
 
 def select_commits(rule: DecodeRule, confidence: torch.Tensor, masked: torch.Tensor,
-                   step: torch.Tensor, num_masked_at_start: torch.Tensor) -> torch.Tensor:
+                   step: torch.Tensor) -> torch.Tensor:
     """Which masked positions to commit now: bool ``[rows, block]``.
 
-    step [rows]: 0-based denoising step within the current block; num_masked_at_start [rows].
+    step [rows]: 0-based denoising step within the current block (which starts all masks).
     Rows without masks commit nothing. At the last allowed step every masked position commits.
     """
     if rule.kind == "threshold":  # no ranking needed: the most confident mask, the leftmost on a tie
@@ -212,7 +213,7 @@ def select_commits(rule: DecodeRule, confidence: torch.Tensor, masked: torch.Ten
         return _finish_commits(rule, commit, masked, step)
     ranks, sorted_scores = _rank_by_confidence(confidence, masked)
     if rule.kind == "quota":
-        quota = quota_for_step(num_masked_at_start, step, rule.steps_per_block)
+        quota = quota_for_step(masked.shape[-1], step, rule.steps_per_block)
         commit = masked & (ranks < quota[:, None])
     elif rule.kind == "factor":
         commit = masked & (ranks < _fast_dllm_factor_count(sorted_scores, masked.sum(-1), rule.factor)[:, None])

@@ -36,15 +36,11 @@ class MemoryModel:
     sampling_bytes_per_row: int = 0  # a sampled row's float32 noise and scaled logits (its block)
     sampling_scratch_bytes: int = 0  # the noise's int64 hash temporaries, bounded by chunking
 
-    @property
-    def fixed_bytes(self) -> int:
-        return self.weight_bytes + self.arena_bytes
-
-    def peak_bytes(self, box_tokens: int, rows: int, sampled_rows: int = 0) -> int:
-        """Estimated peak for a step whose bounding box holds ``box_tokens`` tokens over ``rows`` rows,
-        ``sampled_rows`` of them with temperature > 0."""
+    def step_bytes(self, box_tokens: int, rows: int, sampled_rows: int = 0) -> int:
+        """Estimated memory a step needs beyond the weights and the arena, for a bounding box of
+        ``box_tokens`` tokens over ``rows`` rows, ``sampled_rows`` of them with temperature > 0."""
         sampling = sampled_rows * self.sampling_bytes_per_row + (self.sampling_scratch_bytes if sampled_rows else 0)
-        return self.fixed_bytes + box_tokens * self.bytes_per_box_token + rows * self.logit_bytes_per_row + sampling
+        return box_tokens * self.bytes_per_box_token + rows * self.logit_bytes_per_row + sampling
 
 
 def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
@@ -126,7 +122,7 @@ def check_arena_fits(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
             f"max_model_len={width} columns (model maximum {lm.max_length}), but {lm.device} has "
             f"{gib(available)} available: lower max_model_len or max_batch_size")
     budget = config.resolved_token_budget(lm.max_length)
-    step_bytes = model.peak_bytes(budget, slots) - model.fixed_bytes
+    step_bytes = model.step_bytes(budget, slots)
     if model.arena_bytes + step_bytes > available:
         logger.warning("the KV arena (%s) fits in the %s available on %s, but a step at the full "
                        "token_budget=%d may need ~%s more: lower token_budget if steps run out of memory",

@@ -90,8 +90,7 @@ def reference_generate(
             bias = _row_bias(logit_bias, logits.shape[-1], device) if logit_bias else None
             candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=rule.measure, bias=bias)
             masked = canvas[:, start:end] == mask_id
-            commit = select_commits(rule, confidence, masked, torch.tensor([step], device=device),
-                                    torch.tensor([block_length], device=device))
+            commit = select_commits(rule, confidence, masked, torch.tensor([step], device=device))
             canvas[:, start:end] = torch.where(commit, candidates, canvas[:, start:end])
             if logprobs is not None:
                 committed_logprobs |= _committed_logprobs(logits, mask_id, candidates, commit, logprobs, bias,

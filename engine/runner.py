@@ -62,8 +62,7 @@ class ModelRunner:
                                 noise=gumbel_noise(*batch.noise_keys, logits.shape[-1]), filters=batch.filters)
         candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=self.rule.measure,
                                                 bias=batch.bias)
-        masks_at_start = torch.full_like(batch.steps, self.block_length)  # a block starts all masks
-        commit = select_commits(self.rule, confidence, masked, batch.steps, masks_at_start)
+        commit = select_commits(self.rule, confidence, masked, batch.steps)
         blocks = torch.where(commit, candidates, blocks)
         if batch.logprob_rows is not None:
             self._record_logprobs(batch, logits, candidates, commit)

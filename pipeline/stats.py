@@ -18,8 +18,6 @@ from collections import defaultdict
 
 import numpy as np
 
-STEP_MEANS = ("effective_compute_ratio", "useful_row_fraction")
-
 
 def _weighted(snapshots: list[dict], key: str, weight: str) -> float:
     total = sum(s["engine"][weight] for s in snapshots)

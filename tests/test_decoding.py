@@ -6,11 +6,10 @@ from engine.decoding import (DecodeRule, Sampling, dream_transfer_count, gumbel_
                              select_commits)
 
 
-def commits(rule, confidence, masked=None, step=0, masks_at_start=None):
+def commits(rule, confidence, masked=None, step=0):
     confidence = torch.tensor([confidence], dtype=torch.float64)
     masked = torch.ones_like(confidence, dtype=torch.bool) if masked is None else torch.tensor([masked])
-    start = masked.sum(-1) if masks_at_start is None else torch.tensor([masks_at_start])
-    return select_commits(rule, confidence, masked, torch.tensor([step]), start)[0].tolist()
+    return select_commits(rule, confidence, masked, torch.tensor([step]))[0].tolist()
 
 
 def test_threshold_commits_every_position_at_or_above_tau():
@@ -41,12 +40,12 @@ def test_quota_splits_masks_evenly_with_the_remainder_first():
 
 def test_quota_commits_the_most_confident_positions():
     rule = DecodeRule("quota", steps_per_block=2)
-    assert commits(rule, [0.1, 0.8, 0.5, 0.7], step=0, masks_at_start=4) == [False, True, False, True]
+    assert commits(rule, [0.1, 0.8, 0.5, 0.7], step=0) == [False, True, False, True]
 
 
 def test_quota_breaks_confidence_ties_to_the_left():
     rule = DecodeRule("quota", steps_per_block=4)
-    assert commits(rule, [0.5, 0.5, 0.5, 0.5], step=0, masks_at_start=4) == [True, False, False, False]
+    assert commits(rule, [0.5, 0.5, 0.5, 0.5], step=0) == [True, False, False, False]
 
 
 def test_factor_prefix_rule_takes_the_largest_prefix_with_n_plus_1_times_error_below_f():
@@ -170,7 +169,7 @@ def test_dream_algs_commit_the_position_their_own_measure_ranks_first():
         rule = DecodeRule("dream", steps_per_block=2, dream_alg=alg)
         _, confidence = propose_tokens(dream_logits(), DREAM_MASK_ID, measure=rule.measure)
         masked = torch.ones(1, 3, dtype=torch.bool)
-        commit = select_commits(rule, confidence, masked, torch.tensor([0]), torch.tensor([3]))
+        commit = select_commits(rule, confidence, masked, torch.tensor([0]))
         chosen[alg] = commit[0].tolist()
     assert chosen == {"maskgit_plus": [True, False, False], "topk_margin": [False, True, False],
                       "entropy": [False, False, True]}

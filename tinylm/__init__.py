@@ -1,1 +1,2 @@
-"""The shipped tiny model: its tasks, its character tokenizer and its training recipe."""
+"""The shipped tiny model: its tasks (they own its vocabulary), its word-level tokenizer and its
+training recipe."""
