@@ -50,7 +50,7 @@ def save_checkpoint(model: BidirectionalTransformer, directory: Path, family: st
                     dtype: torch.dtype = torch.bfloat16) -> None:
     """Save weights under the family's own names (``model.safetensors``) plus ``config.json``."""
     module = {"llada": llada, "dream": dream}[family]
-    names = module.checkpoint_weight_names(model.config)
+    names = module.WEIGHT_NAMES.theirs(model.config.num_layers)
     state = {}
     for ours, tensor in model.state_dict().items():
         if ours == "lm_head.weight" and model.config.tie_word_embeddings:

@@ -7,7 +7,8 @@ that dtype plus one tensor (casting after ``to_empty`` would first allocate the 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,6 +17,37 @@ from torch import nn
 
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class WeightNames:
+    """A checkpoint family's weight names against ours: whole-model names, and each layer's names
+    after ``<layer_prefix>N.`` (ours after ``layers.N.``)."""
+
+    top: Mapping[str, str]  # theirs -> ours
+    layer: Mapping[str, str]  # theirs -> ours, within one layer
+    layer_prefix: str  # "model.layers." (Qwen2 / Dream), "model.transformer.blocks." (LLaDA)
+    dropped: tuple[str, ...] = ()  # parts of their names that hold no weight of ours (rotary caches)
+
+    def ours(self, name: str) -> str | None:
+        """Our name for a checkpoint name; None for one to drop; any other name is returned as it is
+        (the loader reports it as unexpected)."""
+        if name in self.top:
+            return self.top[name]
+        if any(part in name for part in self.dropped):
+            return None
+        layer, _, rest = name.removeprefix(self.layer_prefix).partition(".")
+        if name.startswith(self.layer_prefix) and layer.isdigit() and rest in self.layer:
+            return f"layers.{layer}.{self.layer[rest]}"
+        return name
+
+    def theirs(self, num_layers: int) -> dict[str, str]:
+        """Our parameter name -> the checkpoint's, to write a checkpoint in the family's format."""
+        names = {ours: theirs for theirs, ours in self.top.items()}
+        for index in range(num_layers):
+            names |= {f"layers.{index}.{ours}": f"{self.layer_prefix}{index}.{theirs}"
+                      for theirs, ours in self.layer.items()}
+        return names
 
 
 def read_json(path: Path) -> dict:

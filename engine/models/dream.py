@@ -15,8 +15,7 @@ Where the mapping comes from:
 """
 from __future__ import annotations
 
-import re
-
+from engine.models.checkpoint import WeightNames
 from engine.models.config import TransformerConfig
 
 FAMILY = "dream"
@@ -24,7 +23,7 @@ LOGIT_SHIFT = 1
 END_OF_TURN_TOKEN = "<|im_end|>"
 MASK_TOKEN = "<|mask|>"
 
-_LAYER_RENAMES = {
+WEIGHT_NAMES = WeightNames(layer_prefix="model.layers.", dropped=("rotary_emb",), layer={
     "input_layernorm.weight": "input_norm.weight",
     "post_attention_layernorm.weight": "post_attention_norm.weight",
     "self_attn.q_proj.weight": "attention.q_proj.weight",
@@ -37,13 +36,11 @@ _LAYER_RENAMES = {
     "mlp.gate_proj.weight": "mlp.gate_proj.weight",
     "mlp.up_proj.weight": "mlp.up_proj.weight",
     "mlp.down_proj.weight": "mlp.down_proj.weight",
-}
-_TOP_RENAMES = {
+}, top={
     "model.embed_tokens.weight": "embed_tokens.weight",
     "model.norm.weight": "norm.weight",
     "lm_head.weight": "lm_head.weight",
-}
-_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
+})
 
 
 def is_family(config: dict) -> bool:
@@ -66,23 +63,3 @@ def transformer_config(config: dict) -> TransformerConfig:
         max_position_embeddings=config.get("max_position_embeddings", 32768),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
     )
-
-
-def rename_weight(name: str) -> str | None:
-    if name in _TOP_RENAMES:
-        return _TOP_RENAMES[name]
-    if "rotary_emb" in name:
-        return None
-    match = _LAYER_NAME.fullmatch(name)
-    if match and match.group(2) in _LAYER_RENAMES:
-        return f"layers.{match.group(1)}.{_LAYER_RENAMES[match.group(2)]}"
-    return name
-
-
-def checkpoint_weight_names(config: TransformerConfig) -> dict[str, str]:
-    """Our parameter name -> the Dream checkpoint name (used to write Dream-format checkpoints)."""
-    names = {ours: theirs for theirs, ours in _TOP_RENAMES.items()}
-    for layer in range(config.num_layers):
-        for theirs, ours in _LAYER_RENAMES.items():
-            names[f"layers.{layer}.{ours}"] = f"model.layers.{layer}.{theirs}"
-    return names

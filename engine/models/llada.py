@@ -17,8 +17,7 @@ Where the mapping comes from:
 """
 from __future__ import annotations
 
-import re
-
+from engine.models.checkpoint import WeightNames
 from engine.models.config import TransformerConfig
 
 FAMILY = "llada"
@@ -26,7 +25,7 @@ LOGIT_SHIFT = 0
 END_OF_TURN_TOKEN = "<|eot_id|>"
 MASK_TOKEN = "<|mdm_mask|>"
 
-_BLOCK_RENAMES = {
+WEIGHT_NAMES = WeightNames(layer_prefix="model.transformer.blocks.", layer={
     "attn_norm.weight": "input_norm.weight",
     "ff_norm.weight": "post_attention_norm.weight",
     "q_proj.weight": "attention.q_proj.weight",
@@ -39,13 +38,11 @@ _BLOCK_RENAMES = {
     "ff_proj.weight": "mlp.gate_proj.weight",
     "up_proj.weight": "mlp.up_proj.weight",
     "ff_out.weight": "mlp.down_proj.weight",
-}
-_TOP_RENAMES = {
+}, top={
     "model.transformer.wte.weight": "embed_tokens.weight",
     "model.transformer.ln_f.weight": "norm.weight",
     "model.transformer.ff_out.weight": "lm_head.weight",
-}
-_BLOCK_NAME = re.compile(r"model\.transformer\.blocks\.(\d+)\.(.+)")
+})
 
 
 def is_family(config: dict) -> bool:
@@ -93,21 +90,3 @@ def transformer_config(config: dict) -> TransformerConfig:
         embedding_scale=hidden**0.5 if config.get("input_emb_norm", False) else 1.0,
         logit_scale=1 / hidden**0.5 if config.get("scale_logits", False) else 1.0,
     )
-
-
-def rename_weight(name: str) -> str | None:
-    if name in _TOP_RENAMES:
-        return _TOP_RENAMES[name]
-    match = _BLOCK_NAME.fullmatch(name)
-    if match and match.group(2) in _BLOCK_RENAMES:
-        return f"layers.{match.group(1)}.{_BLOCK_RENAMES[match.group(2)]}"
-    return name  # unknown names are reported by the loader
-
-
-def checkpoint_weight_names(config: TransformerConfig) -> dict[str, str]:
-    """Our parameter name -> the LLaDA checkpoint name (used to write LLaDA-format checkpoints)."""
-    names = {ours: theirs for theirs, ours in _TOP_RENAMES.items()}
-    for layer in range(config.num_layers):
-        for theirs, ours in _BLOCK_RENAMES.items():
-            names[f"layers.{layer}.{ours}"] = f"model.transformer.blocks.{layer}.{theirs}"
-    return names

@@ -130,7 +130,7 @@ def load_model(model: str | Path, device: str | torch.device = "cpu",
     transformer_config = family.transformer_config(config)
     with torch.device("meta"):
         transformer = BidirectionalTransformer(transformer_config)
-    load_weights(transformer, directory, family.rename_weight, torch.device(device), resolve_dtype(dtype))
+    load_weights(transformer, directory, family.WEIGHT_NAMES.ours, torch.device(device), resolve_dtype(dtype))
     transformer.eval().requires_grad_(False)
     tokenizer = load_tokenizer(directory)
     tokens = special_tokens(config, read_json(directory / "generation_config.json"), tokenizer, family)
