@@ -94,25 +94,30 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
     return out.reshape(rows * length, heads * head_dim)
 
 
-WIDENED_SCORE_BYTES = 256 * 2**20  # score matrix per chunk of query rows in batch-invariant mode
+WIDENED_SCORE_BYTES = 256 * 2**20  # float64 scores held at once in batch-invariant mode
 
 
 def _attend_widened(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                     groups: int, dtype: torch.dtype) -> torch.Tensor:
     """Attention with every reduction in ``dtype``: q.k over the head dim, the softmax's max and sum and
     the probability-weighted value sum over the keys. Each query is computed on its own, so chunks of
-    rows bound the score matrix without changing a number."""
+    rows and of queries bound the score matrix without changing a number."""
     rows, length, heads, head_dim = q.shape
     kv_heads, num_keys = keys.shape[1], keys.shape[2]
-    per_row = heads * length * num_keys * torch.finfo(dtype).bits // 8
-    chunk = max(1, WIDENED_SCORE_BYTES // max(per_row, 1))
+    queries = groups * length  # per key head: its query heads' queries, folded
     grouped_q = q.view(rows, length, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
-    outputs = []
-    for start in range(0, rows, chunk):
-        part = slice(start, start + chunk)
-        wide_q = grouped_q[part].to(dtype).flatten(2, 3)  # [rows, kv_heads, groups * length, d]
-        scores = wide_q @ keys[part].to(dtype).transpose(-1, -2) * head_dim**-0.5 + mask[part].to(dtype)
-        out = scores.softmax(dim=-1) @ values[part].to(dtype)
-        out = out.view(-1, kv_heads, groups, length, head_dim).permute(0, 3, 1, 2, 4)
-        outputs.append(out.to(q.dtype).reshape(-1, heads * head_dim))
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+    grouped_q = grouped_q.reshape(rows, kv_heads, queries, head_dim)
+    chunk_queries = max(1, WIDENED_SCORE_BYTES // (kv_heads * num_keys * torch.finfo(dtype).bits // 8))
+    chunk_rows, chunk_queries = max(1, chunk_queries // queries), min(queries, chunk_queries)
+    out = torch.empty_like(grouped_q)
+    for first_row in range(0, rows, chunk_rows):
+        rows_here = slice(first_row, first_row + chunk_rows)
+        wide_keys, wide_values = keys[rows_here].to(dtype), values[rows_here].to(dtype)
+        wide_mask = mask[rows_here].to(dtype)
+        for first in range(0, queries, chunk_queries):
+            queries_here = slice(first, first + chunk_queries)
+            scores = grouped_q[rows_here, :, queries_here].to(dtype) @ wide_keys.transpose(-1, -2)
+            scores = scores * head_dim**-0.5 + wide_mask
+            out[rows_here, :, queries_here] = scores.softmax(dim=-1) @ wide_values
+    out = out.view(rows, kv_heads, groups, length, head_dim).permute(0, 3, 1, 2, 4)
+    return out.reshape(rows * length, heads * head_dim)
