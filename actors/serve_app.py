@@ -167,9 +167,13 @@ class BlockServeOpenAI:
     async def replica_metrics(self) -> Response:
         """This replica's samples of Ray's metrics export (load-balanced: a random replica); scrape
         Ray's export itself to monitor a deployment."""
-        text = await asyncio.to_thread(self.metrics.exported_text)
-        return Response(text, media_type=PROMETHEUS_TEXT,
-                        headers={"X-BlockServe-Replica": self.metrics.identity["replica"]})
+        headers = {"X-BlockServe-Replica": self.metrics.identity["replica"]}
+        try:
+            text = await asyncio.to_thread(self.metrics.exported_text)
+        except OSError as error:  # the node's metrics agent is not up (yet) or not reachable
+            return Response(f"Ray's metrics export is not reachable from this replica: {error}\n",
+                            status_code=503, media_type="text/plain", headers=headers)
+        return Response(text, media_type=PROMETHEUS_TEXT, headers=headers)
 
     def check_health(self) -> None:
         """Serve's probe: raising marks the replica unhealthy, and the controller replaces it."""
