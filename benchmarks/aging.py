@@ -51,7 +51,7 @@ def run(lm, max_wait_s: float | None, steps: int, wide_every: int) -> dict:
     return {
         "max_wait_s": max_wait_s, "engine_steps": step, "cpu_s": round(seconds, 2),
         "generated_tokens": stats.generated_tokens, "cpu_tokens_per_s": round(stats.generated_tokens / seconds, 1),
-        "forward_passes": stats.forward_passes, "rows_per_forward": round(stats.rows_per_forward, 2),
+        "denoise_steps": stats.denoise_steps, "rows_per_forward": round(stats.rows_per_forward, 2),
         "projected_h200_tokens_per_s": round(projected["tokens_per_s"], 1),
         "wide_finished": f"{len(latency['wide'])}/{wide_total}",
         "wide_latency_steps_max": max(latency["wide"], default=None),
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         ratio = row["projected_h200_tokens_per_s"] / baseline["projected_h200_tokens_per_s"]
         row["projected_vs_no_aging"] = round(ratio, 3)
-        print(f"{str(row['max_wait_s']):>10} {row['engine_steps']:>6} {row['forward_passes']:>6} "
+        print(f"{str(row['max_wait_s']):>10} {row['engine_steps']:>6} {row['denoise_steps']:>6} "
               f"{row['rows_per_forward']:>8} {row['cpu_tokens_per_s']:>9} {row['projected_h200_tokens_per_s']:>11} "
               f"{ratio:>8.3f} {row['wide_finished']:>9} {str(row['wide_latency_steps_max']):>8} "
               f"{row['short_latency_steps_p99']:>9}")

@@ -67,7 +67,7 @@ def _summary(label: str, runs: list[RunResult], host: HostModel) -> dict:
             "accuracy": middle.accuracy, "outputs_digest": middle.extra["outputs_digest"],
             **{key: _median_of(runs, key) for key in (
                 "effective_compute_ratio", "useful_row_fraction", "padding_fraction",
-                "scheduler_overhead_fraction", "mean_rows", "denoise_steps", "forward_passes", "window_forwards",
+                "scheduler_overhead_fraction", "rows_per_forward", "denoise_steps", "window_forwards",
                 "generated_tokens", "peak_bounding_box_tokens")},
             "peak_rows": middle.peak_rows, "mean_cycle_rows": middle.mean_cycle_rows,
             "requests": middle.requests}

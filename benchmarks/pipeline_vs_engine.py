@@ -51,7 +51,7 @@ def run_engine(model: str, engine_config: dict, rows: list[dict]) -> dict:
     return {"generated_tokens": tokens, "wall_s": wall_s, "tokens_per_s": tokens / wall_s,
             "useful_row_fraction": stats.useful_row_fraction,
             "effective_compute_ratio": stats.effective_compute_ratio,
-            "padding_fraction": stats.padding_fraction, "forward_passes": stats.forward_passes}
+            "padding_fraction": stats.padding_fraction, "denoise_steps": stats.denoise_steps}
 
 
 def run_pipeline(model: str, engine_config: dict, rows: list[dict], batch_size: int, concurrency: int,
@@ -84,7 +84,7 @@ def run_pipeline(model: str, engine_config: dict, rows: list[dict], batch_size: 
             "useful_row_fraction": engine_stats["useful_row_fraction"],
             "effective_compute_ratio": engine_stats["effective_compute_ratio"],
             "padding_fraction": engine_stats["padding_fraction"],
-            "forward_passes": engine_stats["forward_passes"], "batches": snapshot["batches"],
+            "denoise_steps": engine_stats["denoise_steps"], "batches": snapshot["batches"],
             "end_to_end_s_incl_actor_startup": e2e_s}
 
 

@@ -46,7 +46,7 @@ def throughput_section(tables: dict) -> list[str]:
               row["effective_compute_ratio"],
               row["useful_row_fraction"], row["padding_fraction"],
               f"{row['scheduler_overhead_fraction']:.1%}",
-              f"{int(row['forward_passes'])} ({int(row['window_forwards'])})",
+              f"{int(row['denoise_steps'])} ({int(row['window_forwards'])})",
               row["projected"]["tokens_per_s"], f"{row['projected']['mfu']:.1%}",
               row["projected"]["old_tokens_per_s"]] for row in table["rows"]])
         lines.append("")
@@ -74,7 +74,7 @@ def sweep_section(sweep: dict) -> list[str]:
     lines += _table(["batch", "system", "eff. compute ratio", "useful row frac.", "CPU tok/s", PROJECTED_TOK_S,
                      "rows computed per step"],
                     [[p["batch_size"], p["label"], p["effective_compute_ratio"], p["useful_row_fraction"],
-                      p["tokens_per_s"], p["projected"]["tokens_per_s"], p["mean_rows"]] for p in sweep["points"]])
+                      p["tokens_per_s"], p["projected"]["tokens_per_s"], p["rows_per_forward"]] for p in sweep["points"]])
     lines += ["", "## Batch-size scaling of latency (paper's Fig. 4)", "", "![batch latency](fig4_batch_latency.png)", ""]
     rows = []
     for p in sweep["points"]:

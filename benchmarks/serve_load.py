@@ -120,7 +120,7 @@ def run(engine: BlockServeEngine, system: str, workload: list[Request], arrivals
         completed=sum(output.finish_reason in ("eos", "length") for _, output in results),
         makespan_s=makespan, throughput_tok_s=tokens / makespan, throughput_rps=len(workload) / makespan,
         latency_p50_s=percentile(latencies, 50), latency_p99_s=percentile(latencies, 99),
-        ttfb_p50_s=percentile(ttfb, 50), ttfb_p99_s=percentile(ttfb, 99), mean_rows=stats.mean_rows,
+        ttfb_p50_s=percentile(ttfb, 50), ttfb_p99_s=percentile(ttfb, 99), mean_rows=stats.rows_per_forward,
         effective_compute_ratio=stats.effective_compute_ratio, generated_tokens=tokens)
 
 

@@ -30,7 +30,7 @@ from benchmarks.systems import SYSTEMS, RunResult, interleaved
 SCALES = {"smoke": {"requests": 6, "rounds": 1, "batch_size": 4},
           "quick": {"requests": 24, "rounds": 1, "batch_size": 16},
           "full": {"requests": 64, "rounds": 3, "batch_size": 16}}
-STATS_KEYS = ("tokens_per_s", "forward_passes", "refresh_forwards", "window_forwards", "rows_per_forward",
+STATS_KEYS = ("tokens_per_s", "denoise_steps", "refresh_forwards", "window_forwards", "rows_per_forward",
               "rows_per_window_forward", "padding_fraction", "useful_row_fraction", "effective_compute_ratio",
               "scheduler_overhead_fraction", "generated_tokens")
 
@@ -106,7 +106,7 @@ def print_table(name: str, summary: dict) -> None:
           f"{'MFU*':>6} {'host-bound':>10} | {'old tok/s*':>10}")
     for system, row in summary["systems"].items():
         p = row["projected"]
-        print(f"{system:>8} {row['tokens_per_s']:9.1f} {row['forward_passes']:5.0f} {row['rows_per_forward']:6.2f} "
+        print(f"{system:>8} {row['tokens_per_s']:9.1f} {row['denoise_steps']:5.0f} {row['rows_per_forward']:6.2f} "
               f"{row['row_steps_per_block']:9.2f} | {p['tokens_per_s']:11.1f} {p['mfu']:6.1%} "
               f"{p['host_bound_calls']:>4}/{p['calls']:<5} | {p['old_tokens_per_s']:10.1f}")
     print("(* projected from each run's trace: LLaDA-8B shapes on an H200, host model; old: GPU + 1.92 ms)")
@@ -130,7 +130,7 @@ def markdown(result: dict) -> str:
         for system, row in summary["systems"].items():
             p = row["projected"]
             rounds = " / ".join(f"{value:.0f}" for value in row["tokens_per_s_per_round"])
-            lines.append(f"| {system} | {row['tokens_per_s']:.1f} ({rounds}) | {row['forward_passes']:.0f} | "
+            lines.append(f"| {system} | {row['tokens_per_s']:.1f} ({rounds}) | {row['denoise_steps']:.0f} | "
                          f"{row['rows_per_forward']:.2f} | {row['row_steps_per_block']:.2f} | "
                          f"{row['forward_tokens_per_generated_token']:.1f} | **{p['tokens_per_s']:.0f}** | "
                          f"{p['mfu']:.1%} | {p['host_bound_calls']}/{p['calls']} | "

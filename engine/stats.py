@@ -16,8 +16,7 @@ class EngineStats:
     finished_requests: int = 0
     elapsed_s: float = 0.0  # wall time inside step()
     model_time_s: float = 0.0  # wall time inside the runner (forward + decoding rule)
-    denoise_steps: int = 0  # steps that ran the model (one forward each)
-    forward_passes: int = 0  # model calls (= denoise_steps: a step packs its parts into one forward)
+    denoise_steps: int = 0  # steps that ran the model (one forward each: a step packs its parts)
     refresh_forwards: int = 0  # calls with a refresh part (rows starting a block)
     window_forwards: int = 0  # calls with a window part (rows continuing a block on the cache)
     rows_per_forward: float = 0.0  # rows computed per call, averaged over calls
@@ -28,7 +27,6 @@ class EngineStats:
     useful_row_fraction: float = 0.0  # mean over steps of unfinished requests' rows / rows computed
     padding_fraction: float = 0.0  # pad positions / bounding-box positions of the forwards run
     peak_bounding_box_tokens: int = 0
-    mean_rows: float = 0.0  # rows computed per step (= rows_per_forward)
 
     @property
     def tokens_per_s(self) -> float:
@@ -65,7 +63,6 @@ class StatsCollector:
         totals = self.totals
         self.trace.append(record)
         totals.denoise_steps += 1
-        totals.forward_passes += 1
         totals.refresh_forwards += record.refresh_rows > 0
         totals.window_forwards += record.window_rows > 0
         totals.blocks_decoded += blocks_completed
@@ -99,5 +96,4 @@ class StatsCollector:
             rows_per_forward=self._rows_sum / steps if steps else 0.0,
             rows_per_window_forward=self._window_rows_sum / windows if windows else 0.0,
             rows_per_step_while_waiting=(self._waiting_rows_sum / self._waiting_steps
-                                         if self._waiting_steps else 0.0),
-            mean_rows=self._rows_sum / steps if steps else 0.0)
+                                         if self._waiting_steps else 0.0))

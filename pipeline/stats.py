@@ -3,7 +3,7 @@
 Each BlockServeActor instance reports cumulative snapshots (see ``actors.stats_registry``); an actor
 that Ray restarted contributes one snapshot per incarnation, which are added up here. The engine's
 per-step means (effective compute ratio, useful row fraction) are combined weighted by denoising steps;
-the padding fraction, a per-forward token ratio, is weighted by forward passes (the engine does not export
+so is the padding fraction, a per-forward token ratio (a step is one forward; the engine does not export
 its token totals, so this is an approximation when forward sizes differ a lot between actors).
 
 ``per_node`` groups the actors by the Ray node they ran on (rows, tokens, actors, engine busy time), so a
@@ -40,11 +40,10 @@ def summarize(snapshots: list[dict], wall_s: float | None = None) -> dict:
         "active_s": active,
         "busy_fraction": min(busy / active, 1.0) if active and wall_s is None else None,
         "idle_between_batches_s": sum(s.get("idle_s", 0.0) for s in snapshots),
-        "forward_passes": sum(s["engine"]["forward_passes"] for s in snapshots),
         "denoise_steps": sum(s["engine"]["denoise_steps"] for s in snapshots),
         "effective_compute_ratio": _weighted(snapshots, "effective_compute_ratio", "denoise_steps"),
         "useful_row_fraction": _weighted(snapshots, "useful_row_fraction", "denoise_steps"),
-        "padding_fraction": _weighted(snapshots, "padding_fraction", "forward_passes"),
+        "padding_fraction": _weighted(snapshots, "padding_fraction", "denoise_steps"),
         "memory_peak_bytes": max((s["memory_peak_bytes"] for s in snapshots), default=0),
         "gpu_utilization": sum(utilizations) / len(utilizations) if utilizations else None,
     }

@@ -65,7 +65,7 @@ def test_scheduler_replay_matches_the_engine_when_lengths_are_known(tiny_engine_
         engine.step()
     trace = list(engine.stats_collector.trace)
     replay = simulate_schedule([len(p) for p in prompts], caps, EngineConfig(**config), 3 * 100)
-    assert replay["steps"] == len(trace) == engine.stats().forward_passes
+    assert replay["steps"] == len(trace) == engine.stats().denoise_steps
     assert replay["peak_rows"] == max(record.rows for record in trace)
     assert replay["row_steps"] == sum(record.rows for record in trace)
     assert replay["peak_box"] == engine.stats().peak_bounding_box_tokens

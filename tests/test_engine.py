@@ -255,7 +255,7 @@ def test_stats_account_for_tokens_steps_and_time(tiny_engine_factory, heldout_ro
     outputs = engine.generate([chat(r["prompt"]) for r in heldout_rows[:8]], SamplingParams(max_new_tokens=64))
     stats = engine.stats()
     assert stats.generated_tokens == sum(len(o.token_ids) for o in outputs)
-    assert stats.denoise_steps == stats.forward_passes == len(engine.stats_collector.trace)
+    assert stats.denoise_steps == len(engine.stats_collector.trace)
     assert stats.refresh_forwards >= 2 and stats.window_forwards >= 1
     assert stats.blocks_decoded >= sum(o.num_blocks for o in outputs)
     assert 0 < stats.rows_per_forward <= 4

@@ -209,7 +209,7 @@ def test_per_node_stats_group_actors_and_their_restarts_by_node():
     from pipeline.stats import aggregate, format_table, plot_png
 
     def snapshot(actor_id: str, node_id: str, rows: int, tokens: int, busy: float) -> dict:
-        engine = {"generated_tokens": tokens, "denoise_steps": rows, "forward_passes": rows,
+        engine = {"generated_tokens": tokens, "denoise_steps": rows,
                   "effective_compute_ratio": 0.5, "useful_row_fraction": 1.0, "padding_fraction": 0.1}
         return {"actor_id": actor_id, "instance_id": f"{actor_id}-{rows}", "node_id": node_id,
                 "device": "cpu", "rows": rows, "error_rows": 0, "batches": 1, "busy_s": busy,

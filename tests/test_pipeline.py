@@ -106,7 +106,7 @@ def test_gpu_mode_runs_one_actor_per_gpu_of_the_cluster(monkeypatch):
 
 
 def snapshot(actor_id: str, rows: int, tokens: int, steps: int, useful: float, busy: float) -> dict:
-    engine = {"generated_tokens": tokens, "denoise_steps": steps, "forward_passes": steps,
+    engine = {"generated_tokens": tokens, "denoise_steps": steps,
               "effective_compute_ratio": useful, "useful_row_fraction": useful, "padding_fraction": 0.1}
     return {"actor_id": actor_id, "instance_id": f"{actor_id}-{rows}", "node_id": "n", "device": "cpu",
             "rows": rows, "error_rows": 0, "batches": 1, "busy_s": busy, "active_s": busy + 1,
