@@ -10,6 +10,7 @@ Experiments (``python -m benchmarks <experiment> --help`` lists each one's own o
     compiled-step      eager vs compiled steps on a 32-layer tiny-dimension LLaDA
     aging              what max_wait_s costs on a steady stream
     exactness          batched == solo share per family, dtype, rule, cache
+    batch-invariant    what EngineConfig(batch_invariant=True) costs: CPU measured, H200 projected
     serve-load         online serving: step vs block vs static loops under Poisson arrivals
     pipeline           Ray Data actor vs bare engine
     long-input         pathological inputs over HTTP and in the batch job (issue 22)
@@ -40,6 +41,8 @@ EXPERIMENTS: dict[str, tuple[str, dict[str, list[str]], str | None, bool]] = {
               "aging.json:--json", False),
     "exactness": ("benchmarks.exactness", {"smoke": ["--prompts", "4"], "quick": ["--prompts", "16"], "full": []},
                   "exactness.json:--out", False),
+    "batch-invariant": ("benchmarks.batch_invariant", {s: ["--scale", s] for s in ("smoke", "quick", "full")},
+                        "dir", False),
     "serve-load": ("benchmarks.serve_load", {"smoke": ["--requests", "8", "--load", "1.0"], "quick": ["--quick"],
                                              "full": []}, "serve_load.json:--out", True),
     "pipeline": ("benchmarks.pipeline_vs_engine", {"smoke": ["--rows", "16", "--repeats", "1"],

@@ -2,11 +2,15 @@
 
     python -m benchmarks exactness                     # random LLaDA and Dream fixtures, float32 and bf16
     python -m benchmarks exactness --prompts 16        # quicker
+    python -m benchmarks exactness --dtypes bfloat16 --modes default,batch-invariant   # issue 23
+    python -m benchmarks exactness --dtypes float32 --compile   # compiled batched vs eager solo
 
 For each family x dtype x decoding rule x cache mode, ``--prompts`` mixed prompts (lengths 3-40 tokens,
 caps of 1-3 blocks) run through the engine at batch 8 on the ``step`` schedule, so rows sit at
 different blocks and start blocks at different steps; each output is compared with
-``engine.reference.reference_generate`` on the same prompt alone. A random model is never confident,
+``engine.reference.reference_generate`` on the same prompt alone. ``--modes batch-invariant`` runs
+with ``EngineConfig(batch_invariant=True)`` (the oracle then runs on the same model object, so in the
+same mode). A random model is never confident,
 so tau and the factor are set where several tokens commit per step (printed with the table).
 """
 from __future__ import annotations
@@ -22,7 +26,9 @@ from engine.models import load_model
 from engine.reference import reference_generate
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
-FAMILIES = {"llada": FIXTURES / "tiny-llada", "dream": FIXTURES / "tiny-dream"}
+FAMILIES = {"llada": FIXTURES / "tiny-llada", "dream": FIXTURES / "tiny-dream",
+            "tiny": Path(__file__).resolve().parents[1] / "assets" / "tiny"}  # the demo's trained model
+MODES = {"default": False, "batch-invariant": True}
 RULES = {"threshold": {"decoding": "threshold", "threshold": 0.03},
          "quota": {"decoding": "quota", "steps_per_block": 8},
          "factor": {"decoding": "factor", "factor": 20.0}}
@@ -37,9 +43,12 @@ def mixed_prompts(count: int, vocab: int, mask_id: int, seed: int = 0) -> tuple[
     return prompts, [BLOCK * rng.randint(1, 3) for _ in range(count)]
 
 
-def agreement(lm, rule: dict, cache: str, prompts: list[list[int]], caps: list[int]) -> float:
-    config = EngineConfig(block_length=BLOCK, cache=cache, max_batch_size=8, **rule)
+def agreement(lm, rule: dict, cache: str, prompts: list[list[int]], caps: list[int],
+              batch_invariant: bool = False, compile: bool = False) -> float:
+    config = EngineConfig(block_length=BLOCK, cache=cache, max_batch_size=8, batch_invariant=batch_invariant,
+                          compile=compile, **rule)
     outputs = BlockServeEngine(lm, config).generate(prompts, [SamplingParams(max_new_tokens=c) for c in caps])
+    lm.model.use_compiled(False, 0)  # the oracle runs eagerly: compiled batched is judged against eager solo
     decode = DecodeRule(config.decoding, config.threshold, config.factor, config.steps_per_block)
     same = sum(output.token_ids == reference_generate(lm, prompt, max_new_tokens=cap, block_length=BLOCK,
                                                       rule=decode, cache=cache).token_ids
@@ -51,19 +60,26 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--families", default=",".join(FAMILIES), help=f"any of {', '.join(FAMILIES)}")
+    parser.add_argument("--modes", default="default", help=f"any of {', '.join(MODES)}")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compile", action="store_true", help="the batched engine with EngineConfig(compile=True)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/exactness.json"))
     args = parser.parse_args(argv)
     table = {}
-    for family, directory in FAMILIES.items():
+    for family in args.families.split(","):
         for dtype in args.dtypes.split(","):
-            lm = load_model(directory, dtype=dtype)
+            lm = load_model(FAMILIES[family], device=args.device, dtype=dtype)
             prompts, caps = mixed_prompts(args.prompts, lm.vocab_size, lm.tokens.mask_id)
-            for rule_name, rule in RULES.items():
-                for cache in CACHES:
-                    share = agreement(lm, rule, cache, prompts, caps)
-                    table[f"{family} {dtype} {rule_name} {cache}"] = share
-                    print(f"{family:>6} {dtype:>9} {rule_name:>9} {cache:>6}: {share:.1%} equal to solo", flush=True)
-    result = {"prompts": args.prompts, "rules": RULES, "block_length": BLOCK, "batch": 8, "agreement": table}
+            for mode in args.modes.split(","):
+                for rule_name, rule in RULES.items():
+                    for cache in CACHES:
+                        share = agreement(lm, rule, cache, prompts, caps, MODES[mode], args.compile)
+                        table[f"{family} {dtype} {mode} {rule_name} {cache}"] = share
+                        print(f"{family:>6} {dtype:>9} {mode:>15} {rule_name:>9} {cache:>6}: {share:.1%} equal to solo",
+                              flush=True)
+    result = {"prompts": args.prompts, "rules": RULES, "block_length": BLOCK, "batch": 8, "modes": args.modes,
+              "compile": args.compile, "agreement": table}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return result

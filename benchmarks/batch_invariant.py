@@ -1,0 +1,86 @@
+"""What batch-invariant bf16 costs: CPU tokens/s with and without ``EngineConfig(batch_invariant=True)``,
+measured side by side, and the cost on an H200 projected from the same runs' traces.
+
+    python -m benchmarks batch-invariant --scale full      # HumanEval replay, 64 requests, 3 rounds
+
+Both modes run the same HumanEval replay (``benchmarks.replay``: the tiny model in bf16, steered to
+HumanEval's answer lengths, the ``step`` schedule), interleaved round by round. The projection costs
+each run's trace for LLaDA-8B on an H200 (``benchmarks.projection``, the host model's constants left
+out: the mode adds no launches worth counting next to its arithmetic) and adds what the mode changes
+on a GPU: attention's two matmuls at the FP64 tensor-core rate instead of bf16's, and the float64
+score matrix through HBM (written by q.k, read and written by the softmax, read by the value sum)
+where a fused bf16 kernel keeps scores on chip. A projection, not a measurement: the GPU script runs
+the real thing when a GPU is lent.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchmarks.hardware import DEVICES, MODELS
+from benchmarks.projection import load_constants, project
+from benchmarks.replay import replay
+from benchmarks.results_io import write_results
+from benchmarks.summary import median
+from benchmarks.systems import interleaved
+from engine.trace import ForwardRecord
+
+SCALES = {"smoke": {"requests": 6, "rounds": 1}, "quick": {"requests": 24, "rounds": 1},
+          "full": {"requests": 64, "rounds": 3}}
+# FP64 tensor-core FLOP/s, datasheets (H200/H100 SXM 67 TFLOPS, A100 19.5 TFLOPS)
+FP64_TENSOR_FLOPS = {"h200": 67e12, "h100": 67e12, "a100": 19.5e12}
+SCORE_PASSES = 4  # float64 scores: written, read and written by the softmax, read by the value sum
+MODES = {"bf16": False, "bf16 batch-invariant": True}
+
+
+def attention_pairs(record: ForwardRecord) -> int:
+    return (record.refresh_rows * record.refresh_width * record.refresh_width
+            + record.window_rows * record.window_tokens * record.window_context)
+
+
+def projected_cost(trace: list[ForwardRecord], tokens: int, model: str = "llada-8b", device: str = "h200") -> dict:
+    """Seconds of the trace in bf16 and what float64 attention adds to them."""
+    shape, gpu, constants = MODELS[model], DEVICES[device], load_constants(device)
+    base = project(trace, tokens, model, device, constants)["total_s"]
+    pairs = sum(attention_pairs(record) for record in trace)
+    flops = shape.attention_flops_per_query_key * pairs
+    compute_s = flops / (FP64_TENSOR_FLOPS[device] * constants.efficiency) - flops / (
+        gpu.peak_flops * constants.efficiency)
+    score_bytes = pairs * shape.layers * shape.heads * 8 * SCORE_PASSES
+    memory_s = score_bytes / (gpu.bandwidth * constants.bandwidth_efficiency)
+    return {"bf16_s": base, "added_compute_s": compute_s, "added_memory_s": memory_s,
+            "ratio": (base + compute_s + memory_s) / base, "model": model, "device": device}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from engine.models import load_model
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks batch-invariant", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", default="full", choices=sorted(SCALES))
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/batch_invariant"))
+    args = parser.parse_args(argv)
+    sizes = SCALES[args.scale]
+    lm = load_model(args.model, dtype="bfloat16")
+    workload = replay("humaneval", lm, sizes["requests"])
+    variants = {label: {"system": "step", "max_batch_size": args.batch_size, "batch_invariant": on}
+                for label, on in MODES.items()}
+    runs = interleaved(workload.steered(lm), variants, workload.workload, sizes["rounds"])
+    result = {"requests": sizes["requests"], "rounds": sizes["rounds"], "batch_size": args.batch_size, "modes": {}}
+    for label, results in runs.items():
+        result["modes"][label] = {"cpu_tokens_per_s": median([r.tokens_per_s for r in results]),
+                                  "outputs_digest": results[0].extra["outputs_digest"]}
+    plain, invariant = (result["modes"][label]["cpu_tokens_per_s"] for label in MODES)
+    result["cpu_ratio"] = invariant / plain
+    first = runs["bf16 batch-invariant"][0]
+    result["projection"] = projected_cost(first.extra["trace"], first.stats["generated_tokens"])
+    print(f"CPU tokens/s: bf16 {plain:.1f}, batch-invariant {invariant:.1f} ({result['cpu_ratio']:.2f}x); "
+          f"projected H200 (LLaDA-8B) step time x{result['projection']['ratio']:.3f}", flush=True)
+    write_results(args.out, "batch_invariant", result, ["batch-invariant", *(argv or [])])
+    return result
+
+
+if __name__ == "__main__":
+    main()
