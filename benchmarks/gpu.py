@@ -16,6 +16,8 @@ trace projected beside what it measured.
    a warm-up per schedule; every run's trace in ``traces/<mode>-<schedule>.jsonl``.
 5. Each trace projected (host model with default and with fitted constants; the old projection) beside
    the run's measured seconds: the error per schedule; MFU = trace FLOPs / elapsed / peak.
+6. bf16 batched == solo on the device, default and ``batch_invariant=True`` (``benchmarks.gpu_exactness``,
+   a child process per mode; ``exactness-<mode>.json``), in a slice of the budget kept for it.
 
 A time guard runs inside every engine run (checked each step) and between stages: what would overrun
 ``--time-budget-s`` is cut short and marked. Random weights: the commit profile, not the model, decides
@@ -31,6 +33,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.calibrate_gpu import calibrate, random_lm, write_summary
+from benchmarks.gpu_exactness import RESERVE_S, exactness_on_device
 from benchmarks.gpu_runs import run_engine_modes
 from benchmarks.results_io import meta, versions
 from engine.models.config import TransformerConfig
@@ -71,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     started = time.perf_counter()
-    deadline = started + args.time_budget_s
+    deadline = started + args.time_budget_s - (0.0 if args.smoke else RESERVE_S)  # stages before exactness
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     requests, batch_size = (3, 2) if args.smoke else (args.requests, args.batch_size)
@@ -89,10 +92,12 @@ def main(argv: list[str] | None = None) -> dict:
         del lm
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    results["exactness_bf16"] = exactness_on_device(device.type, args.out, started + args.time_budget_s, args.smoke)
     results["wall_s"] = time.perf_counter() - started
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
     summary = write_summary(results, args.out / "summary.txt")
     print(summary)
+    print("bf16 batched == solo on the device:", json.dumps(results["exactness_bf16"], indent=1))
     return results
 
 

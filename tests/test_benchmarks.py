@@ -80,6 +80,8 @@ def test_gpu_smoke_runs_the_whole_path_and_leaves_results_traces_and_a_summary(t
     results = json.loads((tmp_path / "results.json").read_text())
     runs = results["models"]["llada-tiny"]["runs"]["modes"]["eager"]
     assert set(runs) == {"step", "block", "static", "shrink"}
+    invariant = results["exactness_bf16"]["batch-invariant"]  # a child process, bf16, every rule x cache
+    assert len(invariant) == 9 and set(invariant.values()) == {1.0}
     for system, run in runs.items():
         assert run["generated_tokens"] > 0 and not run["timed_out"]
         assert set(run["projection_error"]) == {"host model, default", "host model, fitted", "old, default"}
