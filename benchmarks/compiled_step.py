@@ -3,16 +3,23 @@
 A 32-layer LLaDA-shaped model with hidden size 32 does almost no arithmetic per step, so its CPU step
 time is what the host spends issuing operations: the share of a small GPU step that compilation (and
 on CUDA, graph capture) exists to remove. Same workload, same weights, both modes in one process,
-interleaved rounds; reported as the ratio of median step times, with the tokens compared and the
-number of compiled graphs. ``--mixed`` also runs a 64-request mixed workload (arrivals, different
-prompt lengths) under all four schedules on one compiled model and reports the graphs it compiled.
+stepped alternately (lockstep); reported as the ratio of median step times, with the tokens compared and the
+number of compiled graphs. The arithmetic is not zero on this CPU (a window step of 8 rows x 32
+tokens still scores 128 keys per head in every layer), so the compiled step's time spent inside its
+GEMM and attention kernels is measured too (``kernel_ms``, torch.profiler self time): a floor that no
+reduction of host work goes below. ``--hidden`` / ``--heads`` shrink the model to where it is lower.
+``--mixed`` also runs a 64-request mixed workload (arrivals, different prompt lengths) under all four
+schedules on one compiled model and reports the graphs it compiled.
 
     python -m benchmarks compiled-step                 # 32 layers, 16 requests, 3 rounds
     python -m benchmarks compiled-step --mixed         # + the 64-request graph count
+    python -m benchmarks compiled-step --hidden 8 --heads 1   # less arithmetic per operation
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import time
 
@@ -23,37 +30,95 @@ from benchmarks.summary import median
 from engine import BlockServeEngine, EngineConfig
 from engine.config import SCHEDULES
 from engine.models import load_model
+from engine.models.loader import DiffusionLM
+from engine.models.transformer import BidirectionalTransformer
+
+# the kernels that do a step's arithmetic (GEMMs, attention): what compiling cannot remove
+KERNELS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu")
 
 
 def timed_run(lm, prompts, params, compile: bool) -> tuple[list[list[int]], list[float]]:
     """Tokens of every request and the wall time of every step, the workload queued at once."""
-    engine = BlockServeEngine(lm, EngineConfig(max_batch_size=8, compile=compile))
-    ids = [engine.add_request(p, q) for p, q in zip(prompts, params)]
-    outputs, step_times = {}, []
-    while engine.has_unfinished_requests():
-        started = time.perf_counter()
-        finished = engine.step().finished
-        step_times.append(time.perf_counter() - started)
-        outputs.update({o.request_id: o.token_ids for o in finished})
-    return [outputs[i] for i in ids], step_times
+    tokens, times = lockstep({compile: lm}, prompts, params)
+    return tokens[compile], times[compile]
 
 
-def eager_vs_compiled(layers: int, count: int, rounds: int) -> dict:
+def lockstep(models: dict[bool, DiffusionLM], prompts, params) -> tuple[dict, dict]:
+    """One engine per mode (compile False / True: each its own model object with the same weights),
+    the same workload queued on each, stepped alternately: step i of both runs the same batch, side by
+    side in time, so a change in the machine's load falls on both. Tokens and step times per mode."""
+    engines = {mode: BlockServeEngine(lm, EngineConfig(max_batch_size=8, compile=mode))
+               for mode, lm in models.items()}
+    ids = {mode: [engine.add_request(p, q) for p, q in zip(prompts, params)] for mode, engine in engines.items()}
+    outputs = {mode: {} for mode in engines}
+    times = {mode: [] for mode in engines}
+    while any(engine.has_unfinished_requests() for engine in engines.values()):
+        for mode, engine in engines.items():
+            if engine.has_unfinished_requests():
+                started = time.perf_counter()
+                finished = engine.step().finished
+                times[mode].append(time.perf_counter() - started)
+                outputs[mode].update({o.request_id: o.token_ids for o in finished})
+    return {mode: [outputs[mode][i] for i in ids[mode]] for mode in engines}, times
+
+
+def llada_shaped(layers: int, hidden: int | None = None, heads: int | None = None) -> DiffusionLM:
+    """The LLaDA test fixture's family and tokenizer with ``layers`` random layers, optionally narrower
+    (``hidden``, ``heads``; the MLP keeps its 2x ratio)."""
     lm = with_layers(load_model(FIXTURES / "tiny-llada", dtype="float32"), layers)
+    if hidden is None and heads is None:
+        return lm
+    config = lm.model.config
+    hidden = hidden or config.hidden_size
+    heads = heads or config.num_heads
+    config = dataclasses.replace(config, hidden_size=hidden, num_heads=heads, num_kv_heads=heads,
+                                 intermediate_size=2 * hidden)
+    torch.manual_seed(0)
+    model = BidirectionalTransformer(config).eval().requires_grad_(False)
+    return dataclasses.replace(lm, model=model)
+
+
+def kernel_ms_per_step(lm, prompts, params, compile: bool) -> float:
+    """Self time of the arithmetic kernels (``KERNELS``) per step, one run under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _, steps = timed_run(lm, prompts, params, compile)
+    total_us = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in KERNELS)
+    return total_us / 1e3 / len(steps)
+
+
+def kernel_floor(models: dict[bool, DiffusionLM], prompts, params, runs: int = 2) -> dict[str, float]:
+    """Per mode, the least kernel time per step over ``runs`` profiled runs, the modes alternating."""
+    samples = {mode: [] for mode in models}
+    for _ in range(runs):
+        for mode, lm in models.items():
+            samples[mode].append(kernel_ms_per_step(lm, prompts, params, mode))
+    return {("compiled" if mode else "eager"): round(min(values), 2) for mode, values in samples.items()}
+
+
+def eager_vs_compiled(layers: int, count: int, rounds: int, hidden: int | None = None,
+                      heads: int | None = None) -> dict:
+    lm = llada_shaped(layers, hidden, heads)
+    models = {False: dataclasses.replace(lm, model=copy.deepcopy(lm.model)), True: lm}
     prompts, params = mixed_prompts(lm, count)
     started = time.perf_counter()
     timed_run(lm, prompts, params, compile=True)  # compiles every bucket this workload meets
     compile_s = time.perf_counter() - started
     medians = {False: [], True: []}
-    tokens = {}
     for _ in range(rounds):
-        for compile in (False, True):
-            tokens[compile], steps = timed_run(lm, prompts, params, compile)
-            medians[compile].append(median(steps))
+        tokens, times = lockstep(models, prompts, params)
+        for mode in medians:
+            medians[mode].append(median(times[mode]))
     eager, compiled = median(medians[False]), median(medians[True])
-    return {"layers": layers, "requests": count, "rounds": rounds,
+    config = lm.model.config
+    return {"layers": layers, "hidden": config.hidden_size, "heads": config.num_heads,
+            "requests": count, "rounds": rounds,
             "eager_step_ms": round(eager * 1e3, 2), "compiled_step_ms": round(compiled * 1e3, 2),
-            "compiled_over_eager": round(compiled / eager, 3), "compile_s": round(compile_s, 1),
+            "compiled_over_eager": round(compiled / eager, 3),
+            "per_round_ratios": [round(c / e, 3) for e, c in zip(medians[False], medians[True])],
+            "kernel_ms": kernel_floor(models, prompts, params),
+            "compile_s": round(compile_s, 1),
             "graphs": lm.model.compiled.num_graphs,
             "tokens_equal": sum(a == b for a, b in zip(tokens[False], tokens[True])), "of": count}
 
@@ -80,10 +145,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--hidden", type=int, default=None, help="hidden size (default: the fixture's, 32)")
+    parser.add_argument("--heads", type=int, default=None, help="attention heads (default: the fixture's, 4)")
     parser.add_argument("--mixed", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # host cost, not parallel arithmetic
-    result = {"step": eager_vs_compiled(args.layers, args.requests, args.rounds)}
+    result = {"step": eager_vs_compiled(args.layers, args.requests, args.rounds, args.hidden, args.heads)}
     if args.mixed:
         result["mixed"] = mixed_graph_count()
     print(json.dumps(result))

@@ -1,11 +1,11 @@
-"""EngineConfig(compile=True): layers compiled over bucketed shapes give the tokens of the eager
-engine, batched equals solo, and a run compiles a bounded number of graphs."""
+"""EngineConfig(compile=True): forwards compiled over bucketed shapes give the tokens of the eager
+engine, batched equals solo, and a run compiles a bounded number of graphs (on CUDA: captured)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
+import torch
 from torch._dynamo.utils import counters
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
@@ -66,3 +66,13 @@ def test_an_engine_without_compile_runs_its_model_eagerly_again():
     assert lm.model.compiled is not None
     BlockServeEngine(lm, EngineConfig(max_batch_size=4, compile=False))
     assert lm.model.compiled is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+def test_on_cuda_captured_graphs_give_the_eager_engines_tokens(workload):
+    lm = load_model(FIXTURE, dtype="float32", device="cuda")
+    compiled = BlockServeEngine(lm, EngineConfig(max_batch_size=2, compile=True))
+    assert lm.model.compiled.cuda_graphs
+    tokens = [o.token_ids for o in compiled.generate(*workload)]
+    eager = BlockServeEngine(load_model(FIXTURE, dtype="float32", device="cuda"), EngineConfig(max_batch_size=2))
+    assert [o.token_ids for o in eager.generate(*workload)] == tokens

@@ -5,8 +5,8 @@ a forward (embedding, rotary tables, mask and every layer) is one call of genera
 of guards per call, its elementwise work fused. The layer is a nested compile region: traced once,
 its code stamped out for every layer, so compile time does not grow with depth as an unrolled trace
 would. The layer's sequence is the eager one (:class:`Layer` ``.forward`` over a one-part plan). On
-CUDA each graph is captured as a CUDA graph (``mode="reduce-overhead"``; the KV arena is marked as a
-static address, so the graph writes it in place). Shapes are bucketed so a run compiles a bounded
+CUDA each graph is captured as a CUDA graph (``triton.cudagraphs``, what ``mode="reduce-overhead"``
+sets; the KV arena is marked as a static address, so the graph writes it in place). Shapes are bucketed so a run compiles a bounded
 number of graphs:
 
 * rows round up to a power of two (at most the arena's slots); padding rows compute on pad tokens,
@@ -20,6 +20,8 @@ A step with both parts runs them as two forwards (refresh first: it writes the c
 not read). Tokens do not change with padding: a padded row or column only ever meets masked keys.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -66,6 +68,16 @@ def _forward(model, tokens, positions, key_mask, kv, write_slots, write_columns,
     return x
 
 
+@functools.cache
+def compiled_forward(cuda_graphs: bool):
+    """One compiled ``_forward`` per process and mode: every model and engine shares its graphs'
+    cache (a new ``torch.compile`` wrapper would compile them all again)."""
+    # emulate_precision_casts: a fused kernel rounds where eager rounds (a half-precision model's norm
+    # casts back before its scale, as LLaDA's code does), so bf16 logits match eager's, not approximate them
+    options = {"emulate_precision_casts": True} | ({"triton.cudagraphs": True} if cuda_graphs else {})
+    return torch.compile(_forward, dynamic=False, fullgraph=True, options=options)
+
+
 class CompiledForward:
     """``forward_step`` of a :class:`BidirectionalTransformer` through compiled, shape-bucketed layers."""
 
@@ -78,8 +90,7 @@ class CompiledForward:
             torch._dynamo.config.accumulated_cache_size_limit, 512)
         self.model, self.max_rows = model, max_rows
         self.cuda_graphs = model.embed_tokens.weight.device.type == "cuda"
-        self.forward = torch.compile(_forward, dynamic=False, fullgraph=True,
-                                     mode="reduce-overhead" if self.cuda_graphs else None)
+        self.forward = compiled_forward(self.cuda_graphs)
         self.static_arenas: set[int] = set()
         self.shapes: set[tuple] = set()  # the bucketed shapes run so far: one graph each
 
