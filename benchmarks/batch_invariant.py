@@ -3,7 +3,10 @@ measured side by side, and the cost on an H200 projected from the same runs' tra
 
     python -m benchmarks batch-invariant --scale full      # HumanEval replay, 64 requests, 3 rounds
 
-Both modes run the same HumanEval replay (``benchmarks.replay``: the tiny model in bf16, steered to
+First, the cause at the kernel: random bf16 rows attended alone and left-padded into wider boxes
+(pads 1-97 columns), the share of output elements that differ, with SDPA in bf16 and with the
+reductions widened to float32 and to float64 (``engine.models.layers.attend``). Then both modes run
+the same HumanEval replay (``benchmarks.replay``: the tiny model in bf16, steered to
 HumanEval's answer lengths, the ``step`` schedule), interleaved round by round. The projection costs
 each run's trace for LLaDA-8B on an H200 (``benchmarks.projection``, the host model's constants left
 out: the mode adds no launches worth counting next to its arithmetic) and adds what the mode changes
@@ -33,6 +36,31 @@ SCORE_PASSES = 4  # float64 scores: written, read and written by the softmax, re
 MODES = {"bf16": False, "bf16 batch-invariant": True}
 
 
+def padded_row_mismatch(seed: int = 0) -> dict[str, float]:
+    """Share of attention outputs of a row that change when it is left-padded into a wider box."""
+    import torch
+
+    from engine.models.layers import attend
+
+    generator = torch.Generator().manual_seed(seed)
+    heads, head_dim, queries = 8, 64, 16
+    reductions = {"bf16 SDPA": None, "float32 reductions": torch.float32, "float64 reductions": torch.float64}
+    differing, total = dict.fromkeys(reductions, 0), 0
+    for keys_alone in range(20, 300, 7):
+        q = torch.randn(1, queries, heads, head_dim, generator=generator).bfloat16()
+        keys, values = (torch.randn(1, heads, keys_alone, head_dim, generator=generator).bfloat16() for _ in range(2))
+        unpadded = torch.zeros(1, 1, 1, keys_alone, dtype=torch.bfloat16)
+        alone = {name: attend(q, keys, values, unpadded, reduction_dtype=dtype) for name, dtype in reductions.items()}
+        for pad in (1, 5, 13, 40, 97):
+            zeros = torch.zeros(1, heads, pad, head_dim, dtype=torch.bfloat16)
+            padded = [torch.cat([zeros, t], 2) for t in (keys, values)]
+            mask = torch.cat([torch.full((pad,), float("-inf")), torch.zeros(keys_alone)]).bfloat16().view(1, 1, 1, -1)
+            for name, dtype in reductions.items():
+                differing[name] += (attend(q, *padded, mask, reduction_dtype=dtype) != alone[name]).sum().item()
+            total += alone["bf16 SDPA"].numel()
+    return {name: count / total for name, count in differing.items()} | {"elements": total}
+
+
 def attention_pairs(record: ForwardRecord) -> int:
     return (record.refresh_rows * record.refresh_width * record.refresh_width
             + record.window_rows * record.window_tokens * record.window_context)
@@ -60,15 +88,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--scale", default="full", choices=sorted(SCALES))
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=None, help="overrides the scale's")
+    parser.add_argument("--rounds", type=int, default=None, help="overrides the scale's")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/batch_invariant"))
     args = parser.parse_args(argv)
-    sizes = SCALES[args.scale]
+    mismatch = padded_row_mismatch()
+    print("a padded row's attention outputs that differ from the row alone:",
+          {name: f"{share:.2e}" for name, share in mismatch.items() if name != "elements"},
+          f"of {mismatch['elements']:,}", flush=True)
+    sizes = SCALES[args.scale] | {key: getattr(args, key) for key in ("requests", "rounds") if getattr(args, key)}
     lm = load_model(args.model, dtype="bfloat16")
     workload = replay("humaneval", lm, sizes["requests"])
     variants = {label: {"system": "step", "max_batch_size": args.batch_size, "batch_invariant": on}
                 for label, on in MODES.items()}
     runs = interleaved(workload.steered(lm), variants, workload.workload, sizes["rounds"])
-    result = {"requests": sizes["requests"], "rounds": sizes["rounds"], "batch_size": args.batch_size, "modes": {}}
+    result = {"requests": sizes["requests"], "rounds": sizes["rounds"], "batch_size": args.batch_size,
+              "padded_row_mismatch": mismatch, "modes": {}}
     for label, results in runs.items():
         result["modes"][label] = {"cpu_tokens_per_s": median([r.tokens_per_s for r in results]),
                                   "outputs_digest": results[0].extra["outputs_digest"]}
