@@ -69,7 +69,7 @@ def _summary(label: str, runs: list[RunResult], host: HostModel) -> dict:
                 "effective_compute_ratio", "useful_row_fraction", "padding_fraction",
                 "scheduler_overhead_fraction", "rows_per_forward", "denoise_steps", "window_forwards",
                 "generated_tokens", "peak_bounding_box_tokens")},
-            "peak_rows": middle.peak_rows, "mean_cycle_rows": middle.mean_cycle_rows,
+            "peak_rows": middle.peak_rows, "mean_step_rows": middle.mean_step_rows,
             "requests": middle.requests}
 
 
@@ -126,7 +126,7 @@ def capacity(lm: DiffusionLM, workload: Workload, scale: Scale, host: HostModel,
         run = results[0]
         result["systems"].append({
             "system": label, "max_batch_size": variants[label]["max_batch_size"],
-            "peak_rows": run.peak_rows, "mean_rows": run.mean_cycle_rows,
+            "peak_rows": run.peak_rows, "mean_rows": run.mean_step_rows,
             "peak_bounding_box_tokens": run.stats["peak_bounding_box_tokens"],
             "within_budget": run.stats["peak_bounding_box_tokens"] <= budget,
             "tokens_per_s": run.tokens_per_s, "accuracy": run.accuracy, "projected": projected(run, host)})

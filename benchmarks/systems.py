@@ -32,7 +32,7 @@ class RunResult:
     accuracy: float | None
     requests: list[dict[str, Any]]  # per request: output_tokens, latency_s, queue_s, finish_reason
     peak_rows: int = 0  # most rows in one block cycle
-    mean_cycle_rows: float = 0.0  # rows per block cycle (concurrent requests), averaged over cycles
+    mean_step_rows: float = 0.0  # rows per step (concurrent requests), averaged over steps
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -52,11 +52,11 @@ def run_system(lm: DiffusionLM, system: str, workload: Workload, **config: Any) 
     engine = BlockServeEngine(lm, engine_config)
     started = time.perf_counter()
     ids = [engine.add_request(prompt, params) for prompt, params in zip(workload.prompts, workload.params)]
-    outputs, cycle_rows = {}, []
+    outputs, step_rows = {}, []
     while engine.has_unfinished_requests():
         finished = engine.step().finished
-        # rows of the cycle just run = rows still running + rows it just evicted
-        cycle_rows.append(engine.num_running + sum(o.finish_reason != "error" for o in finished))
+        # rows of the step just run = rows still running + rows it just evicted
+        step_rows.append(engine.num_running + sum(o.finish_reason != "error" for o in finished))
         outputs.update((output.request_id, output) for output in finished)
     wall_s = time.perf_counter() - started
     verify = getattr(lm.model, "verify", None)  # a replay's steering checks it knew every row (one sync)
@@ -70,8 +70,8 @@ def run_system(lm: DiffusionLM, system: str, workload: Workload, **config: Any) 
                  "num_blocks": o.num_blocks, "finish_reason": o.finish_reason} for o in ordered]
     return RunResult(system=system, workload=workload.name, config=engine_config.to_dict(),
                      stats=engine.stats().to_dict(), accuracy=exact_match(ordered, workload.answers),
-                     requests=requests, peak_rows=max(cycle_rows, default=0),
-                     mean_cycle_rows=sum(cycle_rows) / max(len(cycle_rows), 1), wall_s=wall_s,
+                     requests=requests, peak_rows=max(step_rows, default=0),
+                     mean_step_rows=sum(step_rows) / max(len(step_rows), 1), wall_s=wall_s,
                      extra={"outputs_digest": outputs_digest(ordered), "trace": list(engine.stats_collector.trace)})
 
 
