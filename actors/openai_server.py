@@ -21,12 +21,25 @@ from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from pydantic import BaseModel
 from transformers import PreTrainedTokenizerBase
 
-from actors.openai_logprobs import chat_logprobs, completion_logprobs, within_text
-from actors.openai_fields import REFUSED_CHAT, REFUSED_COMPLETION, check_refused
 from actors.engine_loop import EngineDeadError, EngineLoop, QueueFullError, RequestStream
+from actors.openai_fields import REFUSED_CHAT, REFUSED_COMPLETION, check_refused
+from actors.openai_logprobs import chat_logprobs, completion_logprobs, within_text
 from actors.openai_protocol import (
-    MAX_STOP_STRINGS, BlockServeInfo, ChatCompletionRequest, CompletionRequest, FinishReason, ModelList,
-    OpenAIError, chat_chunk, chat_completion, completion, dump, new_id, now_s, token_usage)
+    MAX_STOP_STRINGS,
+    BlockServeInfo,
+    ChatCompletionRequest,
+    CompletionRequest,
+    FinishReason,
+    ModelList,
+    OpenAIError,
+    chat_chunk,
+    chat_completion,
+    completion,
+    dump,
+    new_id,
+    now_s,
+    token_usage,
+)
 from actors.serve_metrics import ServeMetrics
 from engine import RequestOutput, SamplingParams
 from engine.admission import AdmissionError
@@ -156,9 +169,9 @@ class OpenAIServer:
                 self.metrics.rejected.inc()
             raise OpenAIError(f"server is at capacity: {error}; retry after {self.retry_after_s} s",
                               status=429, type="rate_limit_error", code="rate_limit_exceeded",
-                              headers={"Retry-After": str(self.retry_after_s)})
+                              headers={"Retry-After": str(self.retry_after_s)}) from None
         except EngineDeadError as error:
-            raise OpenAIError(str(error), status=503, type="server_error", code="engine_unavailable")
+            raise OpenAIError(str(error), status=503, type="server_error", code="engine_unavailable") from None
         return Job(stream, TextStream(self.lm.tokenizer, stops), len(prompt_ids), chat,
                    body.include_usage, logprobs is not None)
 
@@ -176,7 +189,7 @@ class OpenAIServer:
                 elif output is not None:
                     finish = self._finish_reason(output)
         except EngineDeadError as error:
-            raise OpenAIError(str(error), status=503, type="server_error", code="engine_unavailable")
+            raise OpenAIError(str(error), status=503, type="server_error", code="engine_unavailable") from None
         finally:
             if finish is None or job.text.stopped:  # cancelled (client gone) or cut at a stop string
                 self.loop.abort(job.stream.request_id)
