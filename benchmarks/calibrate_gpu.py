@@ -161,6 +161,10 @@ def write_summary(results: dict, path) -> str:
                 lines.append(f"  {mode:>8} {system:>6}: {run['tokens_per_s']:8.1f} tok/s measured, MFU "
                              f"{run['mfu']:.1%}, steps/block {run['row_steps_per_block']:.1f}"
                              f"{' (TIMED OUT)' if run['timed_out'] else ''} | projection error {errors}")
+    for mode, cells in results.get("exactness_bf16", {}).items():
+        shares = [value for value in cells.values() if isinstance(value, float)]
+        lines.append(f"bf16 batched == solo, {mode}: " + (f"lowest {min(shares):.0%} over {len(shares)} cells"
+                                                          if len(shares) == len(cells) else str(cells)[:200]))
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text

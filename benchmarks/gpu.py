@@ -97,7 +97,6 @@ def main(argv: list[str] | None = None) -> dict:
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
     summary = write_summary(results, args.out / "summary.txt")
     print(summary)
-    print("bf16 batched == solo on the device:", json.dumps(results["exactness_bf16"], indent=1))
     return results
 
 
