@@ -4,8 +4,11 @@ measured side by side, and the cost on an H200 projected from the same runs' tra
     python -m benchmarks batch-invariant --scale full      # HumanEval replay, 64 requests, 3 rounds
 
 First, the cause at the kernel: random bf16 rows attended alone and left-padded into wider boxes
-(pads 1-97 columns), the share of output elements that differ, with SDPA in bf16 and with the
-reductions widened to float32 and to float64 (``engine.models.layers.attend``). Then both modes run
+(pads 1-97 columns), the share of output elements that differ, with bf16 SDPA over the padded box
+(the default) and, for the record, with its reductions widened to float32 and to float64 (an
+alternative the mode does not take: it leaves no padded row off, but it no longer gives the tokens of
+bf16 SDPA, so a peer's own bf16 decoding differs; the mode's per-row attention over the row's own keys
+is the call the row makes alone, so it differs in nothing by construction). Then both modes run
 the same HumanEval replay (``benchmarks.replay``: the tiny model in bf16, steered to
 HumanEval's answer lengths, the ``step`` schedule), interleaved round by round. The projection costs
 each run's trace for LLaDA-8B on an H200 (``benchmarks.projection``, the host model's constants left
@@ -36,18 +39,28 @@ SCORE_PASSES = 4  # float64 scores: written, read and written by the softmax, re
 MODES = {"bf16": False, "bf16 batch-invariant": True}
 
 
+def widened_attention(q, keys, values, mask, dtype):
+    """SDPA's arithmetic with q.k, softmax and the value sum in ``dtype``, rounded once to ``q``'s."""
+    scores = q.to(dtype) @ keys.to(dtype).transpose(-1, -2) * q.shape[-1] ** -0.5 + mask.to(dtype)
+    return (scores.softmax(dim=-1) @ values.to(dtype)).to(q.dtype)
+
+
 def padded_row_mismatch(seed: int = 0) -> dict[str, float]:
     """Share of attention outputs of a row that change when it is left-padded into a wider box."""
     import torch
+    import torch.nn.functional as F
 
-    from engine.models.layers import attend
+    def attend(q, keys, values, mask, reduction_dtype):
+        if reduction_dtype is None:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return widened_attention(q, keys, values, mask, reduction_dtype)
 
     generator = torch.Generator().manual_seed(seed)
     heads, head_dim, queries = 8, 64, 16
     reductions = {"bf16 SDPA": None, "float32 reductions": torch.float32, "float64 reductions": torch.float64}
     differing, total = dict.fromkeys(reductions, 0), 0
     for keys_alone in range(20, 300, 7):
-        q = torch.randn(1, queries, heads, head_dim, generator=generator).bfloat16()
+        q = torch.randn(1, heads, queries, head_dim, generator=generator).bfloat16()
         keys, values = (torch.randn(1, heads, keys_alone, head_dim, generator=generator).bfloat16() for _ in range(2))
         unpadded = torch.zeros(1, 1, 1, keys_alone, dtype=torch.bfloat16)
         alone = {name: attend(q, keys, values, unpadded, reduction_dtype=dtype) for name, dtype in reductions.items()}

@@ -225,7 +225,8 @@ class RowArena:
         read = block_starts[:, None] - first - self.logit_shift + self._block_offsets
         return RefreshPart(tokens=self.tokens[slots, first:], positions=self.positions[slots, first:],
                            key_mask=self.key_mask[slots, first:self.width], read_columns=read,
-                           slots=slots if self.kv is not None else None, first_column=first)
+                           slots=slots if self.kv is not None else None, first_column=first,
+                           row_widths=tuple(r.width for r in rows))
 
     def _window_part(self, rows: Sequence[Request], slots: torch.Tensor,
                      block_starts: torch.Tensor) -> WindowPart | None:
@@ -250,7 +251,8 @@ class RowArena:
         return WindowPart(tokens=self.tokens[slot_rows, safe], positions=self.positions[slot_rows, safe],
                           columns=columns, slots=slots, context_start=self.width - max(r.width for r in rows),
                           num_read=self.block_length, read_shift=self.logit_shift - lookback,
-                          slot_range=_slot_range([r.slot for r in rows]))
+                          slot_range=_slot_range([r.slot for r in rows]), row_widths=tuple(r.width for r in rows),
+                          row_slots=tuple(r.slot for r in rows))
 
     def _record(self, refresh: Sequence[Request], window: Sequence[Request], refresh_part: RefreshPart | None,
                 window_part: WindowPart | None) -> ForwardRecord:

@@ -1,9 +1,10 @@
 """Process-wide cuBLAS settings that keep a GEMM's result for one row independent of the batch's shape.
 
-``EngineConfig(batch_invariant=True)`` widens attention's reductions to float64 (the part that, on the
-CPU, is all it takes: bf16 ``F.linear`` rows are bitwise the same for any number of rows there). On
-CUDA, cuBLAS may also split a GEMM's K dimension by shape and reduce bf16 products at lower
-precision, so the engine applies the settings vLLM's batch-invariant mode uses:
+``EngineConfig(batch_invariant=True)`` runs each row's attention alone over its own keys
+(``engine.models.transformer.Attention``), which on the CPU is all it takes: bf16 ``F.linear`` rows are
+bitwise the same for any number of rows there. On CUDA, cuBLAS may also split a GEMM's K dimension by
+shape and reduce bf16 products at lower precision, so the engine applies the settings vLLM's
+batch-invariant mode uses:
 
 * ``CUBLAS_WORKSPACE_CONFIG=:16:8`` and ``CUBLASLT_WORKSPACE_SIZE=1``: no workspace for split-K
   reductions. cuBLAS reads them when its handle is created, so they only take effect if set before

@@ -72,8 +72,8 @@ class EngineConfig:
     shifted_decoding: str = "fast-dllm"
     compile: bool = False  # torch.compile each layer over bucketed shapes (engine/models/compiled.py);
     # off by default until a GPU run shows it wins
-    batch_invariant: bool = False  # a row's tokens independent of its batch in bf16 too: attention's
-    # reductions in float64, and on CUDA process-wide cuBLAS settings (engine/batch_invariance.py)
+    batch_invariant: bool = False  # a row's tokens independent of its batch in bf16 too: each row's
+    # attention on its own keys, and on CUDA process-wide cuBLAS settings (engine/batch_invariance.py)
     max_model_len: int | None = None  # widest admissible row (prompt + canvas), sizes the KV arena;
     # None: the model's maximum length up to DEFAULT_MAX_MODEL_LEN, capped by the token budget
 
@@ -95,6 +95,9 @@ class EngineConfig:
             _fail("compile", f"must be true or false, got {self.compile!r}")
         if not isinstance(self.batch_invariant, bool):
             _fail("batch_invariant", f"must be true or false, got {self.batch_invariant!r}")
+        if self.batch_invariant and self.compile:
+            _fail("batch_invariant", "runs each row's attention on its own, eagerly: it cannot be combined with "
+                                     "compile=True yet")
         if self.decoding not in DECODING_RULES:
             _fail("decoding", f"must be one of {DECODING_RULES}, got {self.decoding!r}")
         if not 0.0 < self.threshold <= 1.0:

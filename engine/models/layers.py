@@ -9,10 +9,6 @@ precision allows (every aten operation is a dispatch and, on a GPU, a kernel lau
   with an explicit mask falls back to the math backend (fp32 scores, K/V repeated), the query groups
   are folded into the query length instead, so SDPA sees as many query heads as key heads and no K/V
   is copied.
-* Batch-invariant attention (``reduction_dtype``): a half-precision SDPA kernel blocks its sums over
-  the key axis by the box's width, so a row left-padded into a wider batch differs from the row alone
-  by an ulp in ~0.5% of its outputs; scores, softmax and the value sum in float64, rounded once to the
-  model's dtype, differ in none (measured: ``benchmarks/RESULTS.md``, "Batch-invariant bf16").
 """
 from __future__ import annotations
 
@@ -65,7 +61,7 @@ def rotate_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-           fold_groups: bool | None = None, reduction_dtype: torch.dtype | None = None) -> torch.Tensor:
+           fold_groups: bool | None = None) -> torch.Tensor:
     """Bidirectional attention, token-major in and out.
 
     q ``[rows, length, heads, d]``; keys/values ``[rows, kv_heads, keys, d]`` (views of a cache are
@@ -73,13 +69,10 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
     ``[rows * length, heads * d]``. A grouped-query model's groups are folded into the query length
     (``fold_groups``, default: everywhere but the CPU, whose fused kernel takes ``enable_gqa`` with a
     mask; CUDA's fused kernels do not, and SDPA would fall back to its math backend). Both give the
-    same numbers: each query row attends on its own. ``reduction_dtype`` (batch-invariant mode):
-    scores, softmax and value sum in that dtype, the result rounded once to ``q``'s dtype.
+    same numbers: each query row attends on its own.
     """
     rows, length, heads, head_dim = q.shape
     groups = heads // keys.shape[1]
-    if reduction_dtype is not None and reduction_dtype != q.dtype:
-        return _attend_widened(q, keys, values, mask, groups, reduction_dtype)
     if fold_groups is None:
         fold_groups = q.device.type != "cpu"
     if groups == 1 or not fold_groups:
@@ -91,33 +84,4 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
     folded = folded.reshape(rows, -1, groups * length, head_dim)
     out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask)
     out = out.view(rows, -1, groups, length, head_dim).permute(0, 3, 1, 2, 4)
-    return out.reshape(rows * length, heads * head_dim)
-
-
-WIDENED_SCORE_BYTES = 256 * 2**20  # float64 scores held at once in batch-invariant mode
-
-
-def _attend_widened(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                    groups: int, dtype: torch.dtype) -> torch.Tensor:
-    """Attention with every reduction in ``dtype``: q.k over the head dim, the softmax's max and sum and
-    the probability-weighted value sum over the keys. Each query is computed on its own, so chunks of
-    rows and of queries bound the score matrix without changing a number."""
-    rows, length, heads, head_dim = q.shape
-    kv_heads, num_keys = keys.shape[1], keys.shape[2]
-    queries = groups * length  # per key head: its query heads' queries, folded
-    grouped_q = q.view(rows, length, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
-    grouped_q = grouped_q.reshape(rows, kv_heads, queries, head_dim)
-    chunk_queries = max(1, WIDENED_SCORE_BYTES // (kv_heads * num_keys * torch.finfo(dtype).bits // 8))
-    chunk_rows, chunk_queries = max(1, chunk_queries // queries), min(queries, chunk_queries)
-    out = torch.empty_like(grouped_q)
-    for first_row in range(0, rows, chunk_rows):
-        rows_here = slice(first_row, first_row + chunk_rows)
-        wide_keys, wide_values = keys[rows_here].to(dtype), values[rows_here].to(dtype)
-        wide_mask = mask[rows_here].to(dtype)
-        for first in range(0, queries, chunk_queries):
-            queries_here = slice(first, first + chunk_queries)
-            scores = grouped_q[rows_here, :, queries_here].to(dtype) @ wide_keys.transpose(-1, -2)
-            scores = scores * head_dim**-0.5 + wide_mask
-            out[rows_here, :, queries_here] = scores.softmax(dim=-1) @ wide_values
-    out = out.view(rows, kv_heads, groups, length, head_dim).permute(0, 3, 1, 2, 4)
     return out.reshape(rows * length, heads * head_dim)

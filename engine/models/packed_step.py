@@ -31,6 +31,8 @@ class PartPlan:
     # ([count, 2, kv_heads, keys, head_dim]); None: the part attends to its own keys/values
     scatter_rows: torch.Tensor | None  # window: row i sits at place scatter_rows[i] of the context
     # (None: the context holds exactly these rows, in order)
+    row_keys: tuple[int, ...] = ()  # host: row i's keys are the last row_keys[i] (batch-invariant mode)
+    context_rows: tuple[int, ...] = ()  # host: row i's place in the context (window) or the part (refresh)
 
     @property
     def num_tokens(self) -> int:
@@ -74,7 +76,8 @@ def _refresh_plan(part: RefreshPart, arena: KVArena | None, dtype: torch.dtype) 
     if part.slots is not None:
         columns = torch.arange(part.first_column, part.first_column + length, device=part.tokens.device)
         write_index = (part.slots[:, None], slice(None), slice(None), columns[None])
-    return PartPlan(rows, length, 0, additive_mask(part.key_mask, dtype), write_index, None, None)
+    return PartPlan(rows, length, 0, additive_mask(part.key_mask, dtype), write_index, None, None,
+                    part.row_widths or (length,) * rows, tuple(range(rows)))
 
 
 def _window_plan(part: WindowPart, arena: KVArena, dtype: torch.dtype, offset: int) -> PartPlan:
@@ -91,7 +94,12 @@ def _window_plan(part: WindowPart, arena: KVArena, dtype: torch.dtype, offset: i
         if count != rows:
             scatter_rows = part.slots - first
     write_index = (part.slots[:, None], slice(None), slice(None), part.columns)
-    return PartPlan(rows, length, offset, additive_mask(key_mask, dtype), write_index, context, scatter_rows)
+    row_keys = part.row_widths or (end - start,) * rows
+    context_rows = tuple(range(rows)) if scatter_rows is None else ()  # () unknown: per-row attention refuses
+    if part.slot_range is not None and part.row_slots:
+        context_rows = tuple(slot - part.slot_range[0] for slot in part.row_slots)
+    return PartPlan(rows, length, offset, additive_mask(key_mask, dtype), write_index, context, scatter_rows,
+                    row_keys, context_rows)
 
 
 def rotary_dtype(dtype: torch.dtype, full_precision: bool) -> torch.dtype:

@@ -23,6 +23,7 @@ class RefreshPart:
     read_columns: torch.Tensor  # [rows, n] columns whose hidden states are returned
     slots: torch.Tensor | None = None
     first_column: int = 0
+    row_widths: tuple[int, ...] = ()  # host: each row's real tokens, right-aligned in the box (): all fill it
 
     @property
     def num_rows(self) -> int:
@@ -48,6 +49,8 @@ class WindowPart:
     slot_range: tuple[int, int] | None = None  # (first slot, count): consecutive slots holding every
     # row, in slot order; attention reads them as one view of the arena. None: gather the rows' cache
     read_shift: int = 0
+    row_widths: tuple[int, ...] = ()  # host: each row's keys, the last columns of the context (): all of it
+    row_slots: tuple[int, ...] = ()  # host: each row's slot (for per-row attention over a slot range)
 
     @property
     def num_rows(self) -> int:

@@ -86,7 +86,7 @@ class Attention(nn.Module):
         self.qkv_proj = _fused_projection(self, "qkv_proj", config.hidden_size, {
             "q_proj": config.hidden_size, "k_proj": kv_size, "v_proj": kv_size}, config.qkv_bias)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
-        self.reduction_dtype: torch.dtype | None = None  # float64: batch-invariant (use_batch_invariant)
+        self.batch_invariant = False  # each row attends alone over its own keys (use_batch_invariant)
 
     def forward(self, x: torch.Tensor, plan: StepPlan, layer: int) -> torch.Tensor:
         """x: the parts' tokens packed ``[tokens, hidden]``; one GEMM and one rotation for all of them,
@@ -104,15 +104,36 @@ class Attention(nn.Module):
         if part.write_index is not None:
             plan.layers[layer][part.write_index] = new_kv
         q = qkv[:, :, :self.num_heads]
+        if self.batch_invariant:
+            return self._attend_each_row(q, new_kv, part, layer)
         if part.context is None:
             keys, values = new_kv.transpose(1, 3).unbind(2)  # [rows, kv_heads, length, d] each
-            return attend(q, keys, values, part.mask, reduction_dtype=self.reduction_dtype)
+            return attend(q, keys, values, part.mask)
         keys, values = part.context[layer].unbind(1)
         if part.scatter_rows is None:
-            return attend(q, keys, values, part.mask, reduction_dtype=self.reduction_dtype)
+            return attend(q, keys, values, part.mask)
         placed = q.new_zeros((keys.shape[0], *q.shape[1:])).index_copy_(0, part.scatter_rows, q)
-        out = attend(placed, keys, values, part.mask, reduction_dtype=self.reduction_dtype)
+        out = attend(placed, keys, values, part.mask)
         return out.view(keys.shape[0], -1)[part.scatter_rows].view(part.num_tokens, -1)
+
+
+    def _attend_each_row(self, q: torch.Tensor, new_kv: torch.Tensor, part: PartPlan, layer: int) -> torch.Tensor:
+        """Batch-invariant attention: each row alone, over exactly its own keys (and, in a refresh part,
+        its own queries), so every kernel sees the shapes it would see in a batch of one and a row's
+        numbers cannot depend on its neighbours or on the box's width. Pad queries get zeros."""
+        if len(part.context_rows) != part.rows:
+            raise ValueError("batch-invariant attention needs each window row's slot (WindowPart.row_slots)")
+        out = q.new_zeros(part.rows, part.length, self.num_heads * self.head_dim)
+        for row, (place, num_keys) in enumerate(zip(part.context_rows, part.row_keys)):
+            if part.context is None:  # refresh: the row's own tokens are its queries and its keys
+                keys, values = new_kv[row:row + 1, -num_keys:].transpose(1, 3).unbind(2)
+                queries = q[row:row + 1, -num_keys:]
+            else:
+                keys, values = part.context[layer][place:place + 1, :, :, -num_keys:].unbind(1)
+                queries = q[row:row + 1]
+            mask = part.mask[place:place + 1, ..., -num_keys:]
+            out[row, -queries.shape[1]:] = attend(queries, keys, values, mask)
+        return out.view(part.num_tokens, -1)
 
 
 class MLP(nn.Module):
@@ -189,11 +210,11 @@ class BidirectionalTransformer(nn.Module):
             self.compiled = CompiledForward(self, max_rows)
 
     def use_batch_invariant(self, enabled: bool) -> None:
-        """Attention's reductions in float64, rounded once (``engine.models.layers.attend``), so a row's
-        numbers do not depend on the rows beside it or on the box's width. A property of this model
-        object, like :meth:`use_compiled`."""
+        """Each row's attention computed alone over its own keys (:meth:`Attention._attend_each_row`), so
+        a row's numbers do not depend on the rows beside it or on the box's width. A property of this
+        model object, like :meth:`use_compiled`."""
         for layer in self.layers:
-            layer.attention.reduction_dtype = torch.float64 if enabled else None
+            layer.attention.batch_invariant = enabled
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(tokens)
