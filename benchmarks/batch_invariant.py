@@ -10,20 +10,24 @@ alternative the mode does not take: it leaves no padded row off, but it no longe
 bf16 SDPA, so a peer's own bf16 decoding differs; the mode's per-row attention over the row's own keys
 is the call the row makes alone, so it differs in nothing by construction). Then both modes run
 the same HumanEval replay (``benchmarks.replay``: the tiny model in bf16, steered to
-HumanEval's answer lengths, the ``step`` schedule), interleaved round by round. The projection costs
-each run's trace for LLaDA-8B on an H200 (``benchmarks.projection``, the host model's constants left
-out: the mode adds no launches worth counting next to its arithmetic) and adds what the mode changes
-on a GPU: attention's two matmuls at the FP64 tensor-core rate instead of bf16's, and the float64
-score matrix through HBM (written by q.k, read and written by the softmax, read by the value sum)
-where a fused bf16 kernel keeps scores on chip. A projection, not a measurement: the GPU script runs
-the real thing when a GPU is lent.
+HumanEval's answer lengths, the ``step`` schedule), interleaved round by round; per round the ratio.
+
+What the mode changes on a GPU is host work: a row's attention is its own call (a few views and one
+SDPA per row per layer instead of one per part). The projection counts the operations of a step with
+and without the mode (``benchmarks.host_ops``, the LLaDA fixture at 1 and 2 layers, 16 mixed
+prompts), gives each its own host model (this machine's seconds per operation, as ``throughput``
+does) and projects each mode's own trace for LLaDA-8B on an H200 (``benchmarks.projection``): the
+GPU time is the same arithmetic, the host time grows with the operations. A projection, not a
+measurement: the GPU script runs the real thing when a GPU is lent.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
-from benchmarks.hardware import DEVICES, MODELS
+from benchmarks.host_model import HostModel
+from benchmarks.host_ops import per_layer_ops
 from benchmarks.projection import load_constants, project
 from benchmarks.replay import replay
 from benchmarks.results_io import write_results
@@ -33,9 +37,6 @@ from engine.trace import ForwardRecord
 
 SCALES = {"smoke": {"requests": 6, "rounds": 1}, "quick": {"requests": 24, "rounds": 1},
           "full": {"requests": 64, "rounds": 3}}
-# FP64 tensor-core FLOP/s, datasheets (H200/H100 SXM 67 TFLOPS, A100 19.5 TFLOPS)
-FP64_TENSOR_FLOPS = {"h200": 67e12, "h100": 67e12, "a100": 19.5e12}
-SCORE_PASSES = 4  # float64 scores: written, read and written by the softmax, read by the value sum
 MODES = {"bf16": False, "bf16 batch-invariant": True}
 
 
@@ -74,23 +75,26 @@ def padded_row_mismatch(seed: int = 0) -> dict[str, float]:
     return {name: count / total for name, count in differing.items()} | {"elements": total}
 
 
-def attention_pairs(record: ForwardRecord) -> int:
-    return (record.refresh_rows * record.refresh_width * record.refresh_width
-            + record.window_rows * record.window_tokens * record.window_context)
+def host_models(host: HostModel) -> dict[str, HostModel]:
+    """``host``'s seconds per operation with each mode's own operation counts per step kind."""
+    models = {}
+    for label, on in MODES.items():
+        kinds = per_layer_ops("tiny-llada", batch_invariant=on)["kinds"]
+        models[label] = dataclasses.replace(host, fixed_ops={k: v["fixed"] for k, v in kinds.items()},
+                                            ops_per_layer={k: v["per_layer"] for k, v in kinds.items()})
+    return models
 
 
-def projected_cost(trace: list[ForwardRecord], tokens: int, model: str = "llada-8b", device: str = "h200") -> dict:
-    """Seconds of the trace in bf16 and what float64 attention adds to them."""
-    shape, gpu, constants = MODELS[model], DEVICES[device], load_constants(device)
-    base = project(trace, tokens, model, device, constants)["total_s"]
-    pairs = sum(attention_pairs(record) for record in trace)
-    flops = shape.attention_flops_per_query_key * pairs
-    compute_s = flops / (FP64_TENSOR_FLOPS[device] * constants.efficiency) - flops / (
-        gpu.peak_flops * constants.efficiency)
-    score_bytes = pairs * shape.layers * shape.heads * 8 * SCORE_PASSES
-    memory_s = score_bytes / (gpu.bandwidth * constants.bandwidth_efficiency)
-    return {"bf16_s": base, "added_compute_s": compute_s, "added_memory_s": memory_s,
-            "ratio": (base + compute_s + memory_s) / base, "model": model, "device": device}
+def projected(run, host: HostModel, model: str = "llada-8b", device: str = "h200") -> dict:
+    trace, tokens = run.extra["trace"], run.stats["generated_tokens"]
+    result = project(trace, tokens, model, device, load_constants(device), host=host)
+    return {key: result[key] for key in ("total_s", "gpu_s", "host_s", "host_bound_calls", "calls", "tokens_per_s")}
+
+
+def host_model_measure() -> HostModel:
+    from benchmarks import host_model
+
+    return host_model.measure(deep_layers=4, prompts=4, repeats=1)  # seconds per operation on this machine
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -122,10 +126,15 @@ def main(argv: list[str] | None = None) -> dict:
                                   "outputs_digest": results[0].extra["outputs_digest"]}
     plain, invariant = (result["modes"][label]["cpu_tokens_per_s"] for label in MODES)
     result["cpu_ratio"] = invariant / plain
-    first = runs["bf16 batch-invariant"][0]
-    result["projection"] = projected_cost(first.extra["trace"], first.stats["generated_tokens"])
-    print(f"CPU tokens/s: bf16 {plain:.1f}, batch-invariant {invariant:.1f} ({result['cpu_ratio']:.2f}x); "
-          f"projected H200 (LLaDA-8B) step time x{result['projection']['ratio']:.3f}", flush=True)
+    result["round_ratios"] = [b.tokens_per_s / a.tokens_per_s for a, b in zip(*runs.values())]
+    hosts = host_models(host_model_measure())
+    result["ops"] = {label: {"per_layer": host.ops_per_layer, "fixed": host.fixed_ops} for label, host in hosts.items()}
+    result["projection"] = {label: projected(runs[label][0], hosts[label]) for label in MODES}
+    projected_ratio = result["projection"]["bf16 batch-invariant"]["total_s"] / result["projection"]["bf16"]["total_s"]
+    result["projected_time_ratio"] = projected_ratio
+    print(f"CPU tokens/s: bf16 {plain:.1f}, batch-invariant {invariant:.1f} ({result['cpu_ratio']:.2f}x; rounds "
+          f"{', '.join(f'{r:.2f}' for r in result['round_ratios'])}); operations per layer "
+          f"{result['ops']}; projected H200 (LLaDA-8B) time x{projected_ratio:.3f}", flush=True)
     write_results(args.out, "batch_invariant", result, ["batch-invariant", *(argv or [])])
     return result
 
