@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: demo test install serve bench bench-quick bench-gpu-smoke clean
+.PHONY: demo test lint install serve bench bench-quick bench-gpu-smoke clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 serve: $(STAMP)
 	$(VENV)/bin/serve run configs/serve-tiny.yaml

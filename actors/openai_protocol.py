@@ -17,12 +17,10 @@ import uuid
 from typing import Any, Literal
 
 from openai.types import Completion, CompletionChoice, CompletionUsage, Model
-from openai.types.completion_choice import Logprobs
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
-from openai.types.chat.chat_completion import Choice as ChatChoice
-from openai.types.chat.chat_completion import ChoiceLogprobs
-from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
-from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion import Choice as ChatChoice, ChoiceLogprobs
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice, ChoiceDelta
+from openai.types.completion_choice import Logprobs
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_STOP_STRINGS = 4  # OpenAI's own limit

@@ -44,8 +44,7 @@ def check_ray_version(version: str = ray.__version__) -> None:
 
 check_ray_version()
 
-from ray.llm._internal.batch.processor.base import (  # noqa: E402  (after the version check)
-    OfflineProcessorConfig, Processor, ProcessorBuilder)
+from ray.llm._internal.batch.processor.base import OfflineProcessorConfig, Processor, ProcessorBuilder  # noqa: E402  (after the version check)
 from ray.llm._internal.batch.stages.base import StatefulStage, StatefulStageUDF  # noqa: E402
 
 from actors.batch_rows import INPUT_COLUMNS, input_rows  # noqa: E402

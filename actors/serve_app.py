@@ -24,9 +24,9 @@ from ray.serve import Application
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from actors.api_keys import authorize, check_exposure, resolve_api_key, serve_http_host
+from actors.engine_loop import EngineLoop
 from actors.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, validation_error
 from actors.openai_server import OpenAIServer, dump
-from actors.engine_loop import EngineLoop
 from actors.serve_metrics import ServeMetrics
 from engine import BlockServeEngine, EngineConfig
 

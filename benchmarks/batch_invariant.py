@@ -33,7 +33,6 @@ from benchmarks.replay import replay
 from benchmarks.results_io import write_results
 from benchmarks.summary import median
 from benchmarks.systems import interleaved
-from engine.trace import ForwardRecord
 
 SCALES = {"smoke": {"requests": 6, "rounds": 1}, "quick": {"requests": 24, "rounds": 1},
           "full": {"requests": 64, "rounds": 3}}

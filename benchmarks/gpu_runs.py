@@ -66,7 +66,8 @@ def run_engine_modes(lm: DiffusionLM, calibration: dict, requests: int, batch_si
                 runs[system] = "skipped: time budget"  # a compile cannot be cut short once started
                 continue
             config = {"schedule": system, "max_batch_size": batch_size, "max_model_len": widest}
-            engine = BlockServeEngine(steered, EngineConfig(**config | ({"compile": True} if mode == "compiled" else {})))
+            engine = BlockServeEngine(
+                steered, EngineConfig(**config | ({"compile": True} if mode == "compiled" else {})))
             warm_started = time.perf_counter()
             guarded_run(engine, workload.prompt_token_ids[:WARMUP_REQUESTS],
                         workload.workload.params[:WARMUP_REQUESTS], deadline)

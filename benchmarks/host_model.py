@@ -8,9 +8,10 @@ costs max(GPU time, host time) and every step adds the host's own gap (scheduler
 
 The operation counts come from the engine itself, counted with ``benchmarks.host_ops.OpCounter`` over
 whole steps of a random model of the projected family at 1 and at 32 layers (per kind: refresh,
-window, packed), on the steered HumanEval replay (whose steering adds ~30 operations a step). ``seconds_per_op`` and ``gap_s`` are fitted (a line through the window steps of
-both depths: slope per operation, intercept the gap) to the measured seconds of the same steps on a
-model of tiny dimensions, where compute is negligible: on the CPU that is dispatch cost, on a GPU dispatch + launch. Nothing is a
+window, packed), on the steered HumanEval replay (whose steering adds ~30 operations a step).
+``seconds_per_op`` and ``gap_s`` are fitted (a line through the window steps of both depths: slope per
+operation, intercept the gap) to the measured seconds of the same steps on a model of tiny dimensions,
+where compute is negligible: on the CPU that is dispatch cost, on a GPU dispatch + launch. Nothing is a
 constant of this file: :func:`measure` runs in seconds, and :func:`save` / :func:`load` keep a result
 in ``benchmarks/calibration/host-<device>.json``.
 """

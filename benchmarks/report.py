@@ -42,7 +42,8 @@ def throughput_section(tables: dict) -> list[str]:
              "same tokens as block", "eff. compute ratio", "useful row frac.", "padding frac.", "sched. overhead",
              "forwards (window)", PROJECTED_TOK_S, "MFU*", "old tok/s*"],
             [[row["label"], row["tokens_per_s"], " / ".join(f"{v:.1f}" for v in row["tokens_per_s_all"]),
-              None if row["speedup_of_block"] is None else f"{row['speedup_of_block']:.2f}x", row["accuracy"], row["outputs_digest"] == block_digest,
+              None if row["speedup_of_block"] is None else f"{row['speedup_of_block']:.2f}x", row["accuracy"],
+              row["outputs_digest"] == block_digest,
               row["effective_compute_ratio"],
               row["useful_row_fraction"], row["padding_fraction"],
               f"{row['scheduler_overhead_fraction']:.1%}",
@@ -54,7 +55,8 @@ def throughput_section(tables: dict) -> list[str]:
 
 
 def latency_section(tables: dict) -> list[str]:
-    lines = ["## Latency vs output length (paper's Fig. 2)", "", "![latency vs output length](fig2_latency_vs_length.png)", ""]
+    lines = ["## Latency vs output length (paper's Fig. 2)", "",
+             "![latency vs output length](fig2_latency_vs_length.png)", ""]
     for name, table in tables.items():
         per_system = {row["label"]: length_bins(row["requests"]) for row in table["rows"]}
         bins = sorted({b for bins in per_system.values() for b in bins}, key=lambda b: int(b.split("-")[0]))
@@ -74,8 +76,10 @@ def sweep_section(sweep: dict) -> list[str]:
     lines += _table(["batch", "system", "eff. compute ratio", "useful row frac.", "CPU tok/s", PROJECTED_TOK_S,
                      "rows computed per step"],
                     [[p["batch_size"], p["label"], p["effective_compute_ratio"], p["useful_row_fraction"],
-                      p["tokens_per_s"], p["projected"]["tokens_per_s"], p["rows_per_forward"]] for p in sweep["points"]])
-    lines += ["", "## Batch-size scaling of latency (paper's Fig. 4)", "", "![batch latency](fig4_batch_latency.png)", ""]
+                      p["tokens_per_s"], p["projected"]["tokens_per_s"], p["rows_per_forward"]]
+                     for p in sweep["points"]])
+    lines += ["", "## Batch-size scaling of latency (paper's Fig. 4)", "", "![batch latency](fig4_batch_latency.png)",
+              ""]
     rows = []
     for p in sweep["points"]:
         q = percentiles([r["latency_s"] for r in p["requests"]])

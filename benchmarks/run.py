@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from benchmarks import experiments, plots, report
+from benchmarks.replay import replay
 from benchmarks.results_io import meta
 from benchmarks.throughput import load_host_model
-from benchmarks.replay import replay
 from benchmarks.workloads import humaneval_for, tiny_tasks
 from engine.models import load_model
 

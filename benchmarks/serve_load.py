@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from actors.engine_loop import EngineLoop
+from benchmarks.summary import median, percentile
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models.loader import DiffusionLM, load_model, resolve_model_dir
-from benchmarks.summary import median, percentile
 from engine.prompts import encode_prompt
 from tinylm.tasks import read_jsonl
 

@@ -13,10 +13,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from benchmarks.workloads import Workload, exact_match
 from engine import BlockServeEngine, EngineConfig
 from engine.models.loader import DiffusionLM
-
-from benchmarks.workloads import Workload, exact_match
 
 SYSTEMS = ("step", "block", "static", "shrink")
 

@@ -125,8 +125,8 @@ def markdown(result: dict) -> str:
                   f"{notes['answer_tokens_median']}; outputs identical across schedules: "
                   f"**{summary['identical_outputs']}**", "",
                   "| schedule | CPU tok/s (rounds) | forwards | rows per forward | row-steps per block | forward "
-                  "tokens per generated token | **H200 tok/s\*** (host model) | MFU\* | host-bound forwards | "
-                  "old projection tok/s\* (MFU) |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  r"tokens per generated token | **H200 tok/s\*** (host model) | MFU\* | host-bound forwards | "
+                  r"old projection tok/s\* (MFU) |", "|---|---|---|---|---|---|---|---|---|---|"]
         for system, row in summary["systems"].items():
             p = row["projected"]
             rounds = " / ".join(f"{value:.0f}" for value in row["tokens_per_s_per_round"])
@@ -136,7 +136,7 @@ def markdown(result: dict) -> str:
                          f"{p['mfu']:.1%} | {p['host_bound_calls']}/{p['calls']} | "
                          f"{p['old_tokens_per_s']:.0f} ({p['old_mfu']:.1%}) |")
         labels = list(next(iter(summary["systems"].values()))["projected"]["sensitivity_tokens_per_s"])
-        lines += ["", "Sensitivity of the host-model projection (H200 tok/s\*, one constant moved at a time):", "",
+        lines += ["", r"Sensitivity of the host-model projection (H200 tok/s\*, one constant moved at a time):", "",
                   "| schedule | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
         for system, row in summary["systems"].items():
             values = row["projected"]["sensitivity_tokens_per_s"]

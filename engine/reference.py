@@ -30,8 +30,14 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import blocks_needed
-from engine.decoding import (DecodeRule, Sampling, commits_first_position_first, gumbel_noise, propose_tokens,
-                             select_commits)
+from engine.decoding import (
+    DecodeRule,
+    Sampling,
+    commits_first_position_first,
+    gumbel_noise,
+    propose_tokens,
+    select_commits,
+)
 from engine.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
 from engine.models.kv_arena import KVArena
 from engine.models.loader import DiffusionLM

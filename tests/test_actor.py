@@ -170,7 +170,8 @@ def users_pipeline(ray_cluster, tiny_model, engine):
     outputs = ds.take_all()
     snapshots = ray.get(registry.collect.remote())
     ray.kill(registry)
-    expected = expected_outputs(engine, [r["question"] for r in rows], [r["sampling_params"]["max_tokens"] for r in rows])
+    expected = expected_outputs(engine, [r["question"] for r in rows],
+                                [r["sampling_params"]["max_tokens"] for r in rows])
     return rows, outputs, snapshots, expected
 
 

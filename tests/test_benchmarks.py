@@ -8,7 +8,6 @@ import pytest
 
 from engine import EngineConfig, SamplingParams
 
-
 HOST = {"fixed_ops": {"refresh": 200.0, "window": 150.0, "packed": 230.0},
         "ops_per_layer": {"refresh": 30.0, "window": 30.0, "packed": 45.0},
         "seconds_per_op": 5e-6, "gap_s": 2e-4, "source": "test figures"}
@@ -112,7 +111,6 @@ def test_length_replay_stops_every_request_at_its_target_through_the_real_decode
 
 def test_throughput_projects_each_schedule_with_the_host_model_and_the_old_projection(tmp_path, host_model_file):
     from benchmarks.__main__ import main
-
     from benchmarks.host_ops import FIXTURES
 
     result = main(["throughput", "--scale", "smoke", "--workload", "short", "--host-model", host_model_file,

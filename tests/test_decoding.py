@@ -2,8 +2,15 @@
 import pytest
 import torch
 
-from engine.decoding import (DecodeRule, Sampling, dream_transfer_count, gumbel_noise, propose_tokens, quota_for_step,
-                             select_commits)
+from engine.decoding import (
+    DecodeRule,
+    Sampling,
+    dream_transfer_count,
+    gumbel_noise,
+    propose_tokens,
+    quota_for_step,
+    select_commits,
+)
 
 
 def commits(rule, confidence, masked=None, step=0):

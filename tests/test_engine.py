@@ -2,7 +2,6 @@
 import itertools
 
 import pytest
-import torch
 
 from engine import EngineConfig, SamplingParams
 from engine.decoding import DecodeRule

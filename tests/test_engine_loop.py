@@ -66,8 +66,10 @@ class SteppingGate:
         with self._changed:
             target = self.steps + count
             self._permits.release(count)
-            settled = lambda: self.steps >= target and (
-                self.at_gate or not self.engine.has_unfinished_requests())
+
+            def settled() -> bool:
+                return self.steps >= target and (self.at_gate or not self.engine.has_unfinished_requests())
+
             if not self._changed.wait_for(settled, WAIT_S):
                 pytest.fail(f"the loop did not run step {target}")
 

@@ -82,8 +82,8 @@ def run_scenario(model: str, input_path: Path, output: Path) -> int:
 
 def rows_in_length_groups(model: Path) -> tuple[list[dict], list[int]]:
     """ROWS demo rows: NUM_BUCKETS groups of equal size, every prompt of a group longer (in the tokens
-    the job will measure: the config's chat template setting, this model's tokenizer) than any of the group before; returned
-    in demo order, with each row's prompt length."""
+    the job will measure: the config's chat template setting, this model's tokenizer) than any of the
+    group before; returned in demo order, with each row's prompt length."""
     from pipeline.config import load_config
     from pipeline.data import load_tokenizer, prompt_length
 
@@ -114,8 +114,8 @@ def multinode_run(tmp_path_factory):
     env.pop("RAY_ADDRESS", None)  # the child must start its own cluster, not join another
     started = time.time()
     child = subprocess.run([sys.executable, "-m", "tests.test_multinode", "--model", str(model),
-                            "--input", str(input_path), "--output", str(output)], cwd=REPO_ROOT, env=env, capture_output=True,
-                           text=True, timeout=SCENARIO_TIMEOUT_S)
+                            "--input", str(input_path), "--output", str(output)], cwd=REPO_ROOT, env=env,
+                           capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S)
     printed = child.stdout + child.stderr
     assert child.returncode == 0, f"scenario exited {child.returncode} after {time.time() - started:.0f}s:\n" \
                                   f"{printed[-6000:]}"

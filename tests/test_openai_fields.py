@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from actors.openai_fields import (HONOURED_CHAT, HONOURED_COMPLETION, LABELS, REFUSED_CHAT,
-                                  REFUSED_COMPLETION)
+from actors.openai_fields import HONOURED_CHAT, HONOURED_COMPLETION, LABELS, REFUSED_CHAT, REFUSED_COMPLETION
 from actors.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, validation_error
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from tests.pipeline_helpers import freeze_tiny_model
@@ -202,7 +201,8 @@ def test_logprobs_return_each_tokens_number_at_its_commit_step(server, reference
 
 
 def test_logprobs_are_refused_when_streamed_or_out_of_range(server):
-    cases = [({"prompt": "hi", "logprobs": 6}, "logprobs"), ({"prompt": "hi", "logprobs": 1, "stream": True}, "logprobs"),
+    cases = [({"prompt": "hi", "logprobs": 6}, "logprobs"),
+             ({"prompt": "hi", "logprobs": 1, "stream": True}, "logprobs"),
              ({"messages": user("hi"), "top_logprobs": 2}, "top_logprobs"),
              ({"messages": user("hi"), "logprobs": True, "top_logprobs": 21}, "top_logprobs")]
     for body, param in cases:

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 
 from engine.models.config import TransformerConfig
 from engine.models.transformer import BidirectionalTransformer
-from tinylm.export import llada_config_json, save_checkpoint
 from tinylm.evaluate import SHIPPED_DECODING, evaluate_model, selection_score
+from tinylm.export import llada_config_json, save_checkpoint
 from tinylm.mixtures import MIXTURES, TokenIds, make_batch
 from tinylm.tasks import MAX_NUMBER, VALIDATION_SIZE, define_splits, example_key, write_jsonl
 from tinylm.tokenizer import BOS, EOS, MASK, save_tokenizer
@@ -58,7 +58,7 @@ def initialize(model: BidirectionalTransformer, tokenizer, seed: int) -> None:
     so ``n -> n + 1`` begins as one fixed rotation for every n instead of a table to memorise."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
+        for _name, parameter in model.named_parameters():
             if parameter.dim() == 2:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
         embedding = model.embed_tokens.weight

@@ -6,8 +6,8 @@ of guards per call, its elementwise work fused. The layer is a nested compile re
 its code stamped out for every layer, so compile time does not grow with depth as an unrolled trace
 would. The layer's sequence is the eager one (:class:`Layer` ``.forward`` over a one-part plan). On
 CUDA each graph is captured as a CUDA graph (``triton.cudagraphs``, what ``mode="reduce-overhead"``
-sets; the KV arena is marked as a static address, so the graph writes it in place). Shapes are bucketed so a run compiles a bounded
-number of graphs:
+sets; the KV arena is marked as a static address, so the graph writes it in place). Shapes are bucketed
+so a run compiles a bounded number of graphs:
 
 * rows round up to a power of two (at most the arena's slots); padding rows compute on pad tokens,
   write their keys/values to the arena's scratch column and are dropped;
