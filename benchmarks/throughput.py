@@ -3,6 +3,7 @@
     python -m benchmarks throughput --scale full --out DIR            # HumanEval replay, 64 requests, 3 rounds
     python -m benchmarks throughput --workload short --requests 64 --out DIR
     python -m benchmarks throughput --commit-profile none --widths text --out DIR   # the replay before issue 19
+    python -m benchmarks throughput --scale quick --compile --out DIR   # every schedule compiled
 
 Every schedule runs the same requests, interleaved round by round, on the model steered to the replay's
 answer lengths and commit profile (``benchmarks.replay``). Per schedule: CPU tokens/s (measured),
@@ -160,6 +161,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--commit-profile", default=LLADA_THRESHOLD_09.name)
     parser.add_argument("--widths", default="bpe", choices=WIDTHS)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--compile", action="store_true", help="every schedule with EngineConfig(compile=True)")
     parser.add_argument("--host-model", default="measure",
                         help="'measure' (at the start of the run) or a host-model JSON file")
     args = parser.parse_args(argv)
@@ -188,12 +190,13 @@ def main(argv: list[str] | None = None) -> dict:
     host = load_host_model(args.host_model, args.device, args.scale)
     print(f"host model: {host.to_dict()}", flush=True)
     lm = load_model(args.model, device=args.device, dtype="float32")
-    result = {"batch_size": args.batch_size, "rounds": args.rounds, "requests": args.requests,
+    result = {"batch_size": args.batch_size, "rounds": args.rounds, "requests": args.requests, "compile": args.compile,
               "host_model": host.to_dict(), "projection": {"model": "llada-8b", "device": "h200"}, "workloads": {}}
     names = ["humaneval", "short"] if args.workload == "both" else [args.workload]
     for name in names:
         workload = replay(name, lm, args.requests, profile=args.commit_profile, widths=args.widths)
-        variants = {system: {"system": system, "max_batch_size": args.batch_size} for system in SYSTEMS}
+        variants = {system: {"system": system, "max_batch_size": args.batch_size, "compile": args.compile}
+                    for system in SYSTEMS}
         runs = interleaved(workload.steered(lm), variants, workload.workload, args.rounds)
         summary = summarize(runs, host)
         result["workloads"][name] = {"notes": workload.workload.notes} | summary
