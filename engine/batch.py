@@ -241,9 +241,10 @@ class RowArena:
         lookback = self.window_lookback
         starts = block_starts - lookback
         if self.cache_mode == "dual":
-            length = self.block_length + lookback
+            row_tokens = (self.block_length + lookback,) * len(rows)
         else:
-            length = self.width - min(self.block_start(r) for r in rows) + lookback
+            row_tokens = tuple(self.width - self.block_start(r) + lookback for r in rows)
+        length = max(row_tokens)
         columns = starts[:, None] + torch.arange(length, device=starts.device)
         columns = columns.masked_fill(columns >= self.width, self.width)
         safe = columns.masked_fill(columns >= self.width, 0)
@@ -252,7 +253,7 @@ class RowArena:
                           columns=columns, slots=slots, context_start=self.width - max(r.width for r in rows),
                           num_read=self.block_length, read_shift=self.logit_shift - lookback,
                           slot_range=_slot_range([r.slot for r in rows]), row_widths=tuple(r.width for r in rows),
-                          row_slots=tuple(r.slot for r in rows))
+                          row_slots=tuple(r.slot for r in rows), row_tokens=row_tokens)
 
     def _record(self, refresh: Sequence[Request], window: Sequence[Request], refresh_part: RefreshPart | None,
                 window_part: WindowPart | None) -> ForwardRecord:

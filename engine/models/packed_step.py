@@ -33,6 +33,7 @@ class PartPlan:
     # (None: the context holds exactly these rows, in order)
     row_keys: tuple[int, ...] = ()  # host: row i's keys are the last row_keys[i] (batch-invariant mode)
     context_rows: tuple[int, ...] = ()  # host: row i's place in the context (window) or the part (refresh)
+    token_spans: tuple[tuple[int, int], ...] = ()  # host: (first packed token, count) of each row's real tokens
 
     @property
     def num_tokens(self) -> int:
@@ -49,6 +50,10 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         return sum(part.num_tokens for part in self.parts)
+
+    @property
+    def token_spans(self) -> tuple[tuple[int, int], ...]:
+        return tuple(span for part in self.parts for span in part.token_spans)
 
 
 def additive_mask(key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -76,8 +81,10 @@ def _refresh_plan(part: RefreshPart, arena: KVArena | None, dtype: torch.dtype) 
     if part.slots is not None:
         columns = torch.arange(part.first_column, part.first_column + length, device=part.tokens.device)
         write_index = (part.slots[:, None], slice(None), slice(None), columns[None])
+    row_keys = part.row_widths or (length,) * rows
+    spans = tuple((row * length + length - keys, keys) for row, keys in enumerate(row_keys))
     return PartPlan(rows, length, 0, additive_mask(part.key_mask, dtype), write_index, None, None,
-                    part.row_widths or (length,) * rows, tuple(range(rows)))
+                    row_keys, tuple(range(rows)), spans)
 
 
 def _window_plan(part: WindowPart, arena: KVArena, dtype: torch.dtype, offset: int) -> PartPlan:
@@ -98,8 +105,9 @@ def _window_plan(part: WindowPart, arena: KVArena, dtype: torch.dtype, offset: i
     context_rows = tuple(range(rows)) if scatter_rows is None else ()  # () unknown: per-row attention refuses
     if part.slot_range is not None and part.row_slots:
         context_rows = tuple(slot - part.slot_range[0] for slot in part.row_slots)
+    spans = tuple((offset + row * length, tokens) for row, tokens in enumerate(part.row_tokens or (length,) * rows))
     return PartPlan(rows, length, offset, additive_mask(key_mask, dtype), write_index, context, scatter_rows,
-                    row_keys, context_rows)
+                    row_keys, context_rows, spans)
 
 
 def rotary_dtype(dtype: torch.dtype, full_precision: bool) -> torch.dtype:

@@ -51,6 +51,7 @@ class WindowPart:
     read_shift: int = 0
     row_widths: tuple[int, ...] = ()  # host: each row's keys, the last columns of the context (): all of it
     row_slots: tuple[int, ...] = ()  # host: each row's slot (for per-row attention over a slot range)
+    row_tokens: tuple[int, ...] = ()  # host: each row's real window tokens, from the left (): all of them
 
     @property
     def num_rows(self) -> int:

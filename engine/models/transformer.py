@@ -78,6 +78,19 @@ def _fused_projection(owner: nn.Module, fused: str, in_features: int, parts: dic
     return FusedLinear(in_features, parts, bias)
 
 
+def each_row(function, x: torch.Tensor, spans: tuple[tuple[int, int], ...] | None) -> torch.Tensor:
+    """``function`` over packed tokens ``x`` at once, or (batch-invariant mode) over each row's own span
+    of tokens, so a GEMM sees the row count it sees for that row alone (bf16 GEMM rows can change with
+    the number of rows and their offset in the matrix); tokens outside every span get zeros."""
+    if spans is None:
+        return function(x)
+    outputs = [function(x[start:start + count]) for start, count in spans]
+    out = x.new_zeros(x.shape[0], outputs[0].shape[-1])
+    for (start, count), output in zip(spans, outputs):
+        out[start:start + count] = output
+    return out
+
+
 class Attention(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -91,10 +104,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, plan: StepPlan, layer: int) -> torch.Tensor:
         """x: the parts' tokens packed ``[tokens, hidden]``; one GEMM and one rotation for all of them,
         then one attention call per part."""
-        qkv = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)  # [tokens, q + k + v heads, d]
+        spans = plan.token_spans if self.batch_invariant else None
+        qkv = each_row(self.qkv_proj, x, spans).view(x.shape[0], -1, self.head_dim)  # [tokens, q+k+v heads, d]
         rotate_(qkv[:, :self.num_heads + self.num_kv_heads], plan.cos, plan.signed_sin)
         outputs = [self._attend_part(qkv, part, plan, layer) for part in plan.parts]
-        return self.o_proj(outputs[0] if len(outputs) == 1 else torch.cat(outputs))
+        return each_row(self.o_proj, outputs[0] if len(outputs) == 1 else torch.cat(outputs), spans)
 
     def _attend_part(self, qkv: torch.Tensor, part: PartPlan, plan: StepPlan, layer: int) -> torch.Tensor:
         if len(plan.parts) > 1:
@@ -158,7 +172,8 @@ class Layer(nn.Module):
 
     def forward(self, x: torch.Tensor, plan: StepPlan, layer: int) -> torch.Tensor:
         x = x + self.attention(self.input_norm(x), plan, layer)
-        return x + self.mlp(self.post_attention_norm(x))
+        spans = plan.token_spans if self.attention.batch_invariant else None
+        return x + each_row(self.mlp, self.post_attention_norm(x), spans)
 
 
 class BidirectionalTransformer(nn.Module):
@@ -263,5 +278,8 @@ class BidirectionalTransformer(nn.Module):
         return tensors
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of hidden states ``[rows, n, hidden]`` (batch-invariant mode: each row on its own)."""
+        if self.layers[0].attention.batch_invariant and hidden.dim() == 3 and hidden.shape[0] > 1:
+            return torch.cat([self.logits(row) for row in hidden.split(1)])
         logits = self.lm_head(self.norm(hidden))
         return logits * self.config.logit_scale if self.config.logit_scale != 1.0 else logits
