@@ -12,13 +12,13 @@ is the call the row makes alone, so it differs in nothing by construction). Then
 the same HumanEval replay (``benchmarks.replay``: the tiny model in bf16, steered to
 HumanEval's answer lengths, the ``step`` schedule), interleaved round by round; per round the ratio.
 
-What the mode changes on a GPU is host work: a row's attention and its GEMMs are its own calls (per
-row per layer: a few views, one SDPA, q/k/v, o and the MLP; per step: the logits). The projection
-counts the operations of a step with and without the mode (``benchmarks.host_ops``, the LLaDA
-fixture at 1 and 2 layers, 16 mixed prompts), gives each its own host model (this machine's seconds per operation, as ``throughput``
-does) and projects each mode's own trace for LLaDA-8B on an H200 (``benchmarks.projection``): the
-GPU time is the same arithmetic, the host time grows with the operations. A projection, not a
-measurement: the GPU script runs the real thing when a GPU is lent.
+What the mode changes on a GPU is host work: a row's attention and its GEMMs are its own calls
+(per row per layer: a few views, one SDPA, q/k/v, o and the MLP; per step: the logits). The
+projection counts the operations of a step with and without the mode (``benchmarks.host_ops``, the
+LLaDA fixture at 1 and 2 layers, 16 mixed prompts), gives each its own host model (this machine's
+seconds per operation, as ``throughput`` does) and projects each mode's own trace for LLaDA-8B on an
+H200 (``benchmarks.projection``): the GPU time is the same arithmetic, the host time grows with the
+operations. A projection, not a measurement: the GPU script runs the real thing when a GPU is lent.
 """
 from __future__ import annotations
 
