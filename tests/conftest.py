@@ -10,6 +10,17 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every Ray cluster the suite starts (the session fixture's, and those of the subprocesses that inherit
+# this environment: pipeline runs, `ray start`, the multinode scenario) runs its workers at the priority
+# of the test process. Ray's default renices every worker (tasks, actors, Serve replicas) to 15, so on a
+# busy machine, beside any normal-priority process, the workers get ~1/30 of a core each: an actor that
+# loads the tiny model in seconds took 140-170 s to start beside two busy loops on a 2-core machine
+# (tests/test_actor.py took 490 s, 160 s at equal priority; in a full CI run its Ray Data fixture, with
+# a 300 s actor-startup wait, errored). Equal priority makes a busy machine merely slower.
+os.environ.setdefault("RAY_worker_niceness", "0")
+# A worker process that has not registered with its raylet after this long is killed and started again
+# (Ray's default is 60 s); a starved machine must only be slow, never restart workers in a loop.
+os.environ.setdefault("RAY_worker_register_timeout_seconds", "600")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
