@@ -1,10 +1,14 @@
-"""Shared test fixtures: one Ray cluster per test session, the tiny model, the demo data."""
+"""Shared test fixtures: one Ray cluster per test session, the tiny model, the demo data, the random
+LLaDA and Dream fixture checkpoints loaded, and the Serve tests' module-scoped fixtures (the frozen tiny
+model, its reference engine, the Serve apps: ``tests/serve_helpers.py``)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 import pytest
+
+from tests.serve_helpers import client, expect, model_dir, reference, server  # noqa: F401  (the Serve tests' fixtures)
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -69,3 +73,19 @@ def heldout_rows():
     from tinylm.tasks import read_jsonl
 
     return read_jsonl(REPO_ROOT / "assets" / "data" / "heldout.jsonl")
+
+
+@pytest.fixture(scope="session")
+def loaded():
+    """The random LLaDA and Dream fixtures in float32, by family (``tests/model_helpers.py``)."""
+    from tests.model_helpers import load_families
+
+    return load_families("float32")
+
+
+@pytest.fixture(scope="session")
+def loaded64():
+    """The random LLaDA and Dream fixtures in float64, by family."""
+    from tests.model_helpers import load_families
+
+    return load_families("float64")

@@ -229,7 +229,7 @@ def test_batched_dream_decoding_equals_the_reference(alg):
     from engine import BlockServeEngine, EngineConfig, SamplingParams
     from engine.models import load_model
     from engine.reference import reference_generate
-    from tests.test_models import DREAM_DIR
+    from tests.model_helpers import DREAM_DIR
 
     lm = load_model(DREAM_DIR, dtype="float64")
     prompts = [[5 + (i * 7 + j) % 90 for j in range(3 + 2 * i)] for i in range(4)]

@@ -4,7 +4,7 @@ replica's own ``/metrics`` names the replica it comes from and shows only that r
 the export (the one place the metrics are written).
 
 Runs one app (``blockserve-metrics``, route ``/metrics-test``) on the session's Ray cluster and Serve
-instance, with the frozen copy of the tiny model from ``test_serve``.
+instance, with the frozen copy of the tiny model of ``tests/serve_helpers.py`` (``model_dir``).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.test_serve import MODEL, chat, free_port, model_dir  # noqa: F401  (model_dir: a fixture)
+from tests.serve_helpers import MODEL, free_port
 
 APP = "blockserve-metrics"
 ROUTE = "/metrics-test"
@@ -34,7 +34,7 @@ HISTOGRAMS = ("blockserve_request_latency_seconds", "blockserve_time_to_first_bl
 
 
 @pytest.fixture(scope="module")
-def two_replicas(ray_cluster, model_dir) -> str:  # noqa: F811
+def two_replicas(ray_cluster, model_dir) -> str:
     from ray import serve
     from ray.serve.context import _get_global_client
 

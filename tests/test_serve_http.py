@@ -1,136 +1,26 @@
-"""Online serving on Ray Serve (issue 5): the OpenAI API over one BlockServe engine per replica.
+"""Online serving on Ray Serve (issue 5): the OpenAI API over HTTP, one BlockServe engine per replica.
 
-One Serve instance on the session's Ray cluster hosts two apps built by ``actors.serve_app``:
-``main`` (16 rows, route ``/``) and ``small`` (2 rows, 2 waiting, route ``/small``, for backpressure,
-behind an API key).
-Every answer is compared with ``engine.generate`` run here on the same frozen copy of the tiny model in
-float32 (the trainer re-exports ``assets/tiny`` while tests run, so nothing reads it twice).
+The routes answer as ``engine.generate`` does, stream one chunk per committed block, keep to the OpenAI
+types; sixteen concurrent requests are batched online; an overloaded app answers 429, a keyed one 401;
+bad requests get a 400 naming the field; a disconnected stream is aborted; /metrics reports the engine.
+
+One Serve instance on the session's Ray cluster hosts two apps (``tests/serve_helpers.py``): ``main``
+(16 rows, route ``/``) and ``small`` (2 rows, 2 waiting, route ``/small``, for backpressure, behind an
+API key). Every answer is compared with ``engine.generate`` run here on the same frozen copy of the tiny
+model in float32 (the trainer re-exports ``assets/tiny`` while tests run, so nothing reads it twice).
 """
 from __future__ import annotations
 
 import asyncio
 import json
-import re
-import shutil
-import socket
-import time
-from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
-from engine import BlockServeEngine, EngineConfig, SamplingParams
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-TINY_DIR = REPO_ROOT / "assets" / "tiny"
-MODEL = "blockserve-tiny"
-ENGINE = {"max_batch_size": 16, "steps_per_block": 4}  # a step cap keeps CPU blocks short
-SMALL_ENGINE = {"max_batch_size": 2, "steps_per_block": 4}
-TIMEOUT_S = 120.0
-SMALL_KEY = "small-secret"
-SMALL_AUTH = {"Authorization": f"Bearer {SMALL_KEY}"}
+from engine import SamplingParams
+from tests.serve_helpers import MODEL, SMALL_AUTH, SMALL_KEY, TIMEOUT_S, chat, metric, sse_events, wait_until
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def chat(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def fingerprint(directory: Path) -> list[tuple[str, int, int]]:
-    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir())
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    """A frozen copy of assets/tiny, taken while no export is being written."""
-    target = tmp_path_factory.mktemp("tiny-snapshot")
-    for _ in range(10):
-        before = fingerprint(TINY_DIR)
-        shutil.copytree(TINY_DIR, target, dirs_exist_ok=True)
-        if fingerprint(TINY_DIR) == before and (target / "model.safetensors").is_file():
-            return target
-        time.sleep(3)
-    pytest.fail("assets/tiny kept changing while it was copied")
-
-
-@pytest.fixture(scope="module")
-def reference(model_dir) -> BlockServeEngine:
-    return BlockServeEngine.from_pretrained(model_dir, EngineConfig(**ENGINE), dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def expect(reference):
-    """engine.generate for one prompt, computed once per module."""
-    cache = {}
-
-    def generate(prompt, max_tokens: int, stop_at_eos: bool = True):
-        key = (json.dumps(prompt), max_tokens, stop_at_eos)
-        if key not in cache:
-            params = SamplingParams(max_new_tokens=max_tokens, stop_at_eos=stop_at_eos)
-            cache[key] = reference.generate([prompt], params)[0]
-        return cache[key]
-
-    return generate
-
-
-@pytest.fixture(scope="module")
-def server(ray_cluster, model_dir) -> str:
-    from ray import serve
-
-    from actors.serve_app import ServeAppConfig, build_deployment_app
-
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    common = {"model": str(model_dir), "served_model_name": MODEL, "dtype": "float32", "device": "cpu"}
-    apps = {"blockserve-main": ("/", ServeAppConfig(**common, engine=ENGINE, max_pending=32)),
-            "blockserve-small": ("/small", ServeAppConfig(**common, engine=SMALL_ENGINE, max_pending=2,
-                                                          retry_after_s=2, api_key=SMALL_KEY))}
-    serve.run_many([serve.RunTarget(build_deployment_app(config, ray_actor_options={"num_cpus": 0.5}),
-                                    name=name, route_prefix=route)
-                    for name, (route, config) in apps.items()])  # both replicas start at once
-    url = f"http://127.0.0.1:{port}"
-    assert httpx.get(f"{url}/health", timeout=10).status_code == 200, "Serve answers on another port"
-    yield url
-    for name in apps:
-        serve.delete(name)
-
-
-@pytest.fixture()
-def client(server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0, timeout=TIMEOUT_S)
-
-
-def metric(base_url: str, name: str, **labels: str) -> float:
-    """A sample of the replica's /metrics: its samples of Ray's export, a few seconds behind."""
-    text = httpx.get(f"{base_url}/metrics", timeout=10).text
-    wanted = [f'{key}="{value}"' for key, value in labels.items()]
-    for line in text.splitlines():
-        if line.startswith(name) and all(label in line for label in wanted):
-            if re.match(rf"{re.escape(name)}(\{{|\s)", line):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def wait_until(condition, timeout_s: float = 60.0, what: str = "condition") -> None:
-    deadline = time.time() + timeout_s
-    while not condition():
-        if time.time() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-def sse_events(response: httpx.Response) -> list:
-    return [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
 
 
 # -- the API ---------------------------------------------------------------------------------------
@@ -288,21 +178,6 @@ def test_with_an_api_key_v1_routes_need_the_bearer_key_and_health_stays_open(ser
     assert reply.choices[0].finish_reason in ("stop", "length")
 
 
-def test_a_server_reachable_beyond_loopback_refuses_to_start_without_a_key(monkeypatch):
-    from actors.api_keys import check_exposure, resolve_api_key
-
-    with pytest.raises(ValueError, match="refusing to start.*0.0.0.0.*allow_unauthenticated"):
-        check_exposure("0.0.0.0", None, allow_unauthenticated=False)
-    check_exposure("0.0.0.0", None, allow_unauthenticated=True)  # the explicit opt-out
-    check_exposure("0.0.0.0", "key", allow_unauthenticated=False)
-    for loopback in ("127.0.0.1", "::1", "localhost"):
-        check_exposure(loopback, None, allow_unauthenticated=False)
-    monkeypatch.setenv("BLOCKSERVE_API_KEY", "from-env")
-    assert resolve_api_key(None, "BLOCKSERVE_API_KEY") == "from-env"
-    assert resolve_api_key("from-config", "BLOCKSERVE_API_KEY") == "from-config"
-    monkeypatch.delenv("BLOCKSERVE_API_KEY")
-    assert resolve_api_key(None, "BLOCKSERVE_API_KEY") is None
-
 
 @pytest.mark.parametrize("path,body,param", [
     ("/v1/completions", {"model": MODEL}, "prompt"),
@@ -390,28 +265,3 @@ def test_stop_strings_are_held_back_until_a_later_block_rules_them_out(reference
     assert text.add(encode("12", "3", "E")) == "12 3 "  # "E" may start "END": held back
     assert text.add(encode("x", "4", "E", "##N")) == "E x 4 "
     assert text.add(encode("##D", "5")) == "" and text.stopped and text.text == "12 3 E x 4 "
-
-
-# -- configs ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["serve-tiny.yaml", "serve-llada-8b.yaml"])
-def test_serve_configs_validate(name):
-    from ray.serve.schema import ServeDeploySchema
-
-    from actors.serve_app import DEPLOYMENT_NAME, ServeAppConfig
-
-    config = ServeDeploySchema.model_validate(yaml.safe_load((REPO_ROOT / "configs" / name).read_text()))
-    (app,) = config.applications
-    assert app.import_path == "actors.serve_app:build_app"
-    ServeAppConfig.model_validate(app.args)
-    assert [deployment.name for deployment in app.deployments] == [DEPLOYMENT_NAME]
-
-
-def test_serve_app_config_rejects_unknown_keys_and_inconsistent_batching():
-    from actors.serve_app import ServeAppConfig
-
-    with pytest.raises(ValueError, match="max_pendng"):
-        ServeAppConfig.model_validate({"max_pendng": 3})
-    with pytest.raises(ValueError, match="blok_length"):
-        ServeAppConfig.model_validate({"engine": {"blok_length": 32}})
-    with pytest.raises(ValueError, match="schedule"):
-        ServeAppConfig.model_validate({"batching": "static"})

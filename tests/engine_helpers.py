@@ -1,0 +1,41 @@
+"""Shared by the engine tests: chat prompts, a mixed workload of held-out rows, and a recorder of steps."""
+from __future__ import annotations
+
+BLOCK = 32
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+class StepRecorder:
+    """Wraps the arena's step builder to see every step: block indices, refresh/window rows, box."""
+
+    def __init__(self, engine):
+        self.steps: list[dict] = []
+        build = engine.arena.build_step
+
+        def recording_build(refresh, window):
+            batch = build(refresh, window)
+            self.steps.append({"block_indices": [r.block_index for r in (*refresh, *window)],
+                               "refresh": {r.request_id for r in refresh},
+                               "window": {r.request_id for r in window},
+                               "box": batch.record.bounding_box_tokens, "rows": batch.num_rows})
+            return batch
+
+        engine.arena.build_step = recording_build
+
+    @property
+    def saw_mixed_batch(self) -> bool:
+        return any(len(set(step["block_indices"])) > 1 for step in self.steps)
+
+    @property
+    def saw_block_starts_beside_window_steps(self) -> bool:
+        """Some row started a block (refresh) while others continued theirs, in the same step."""
+        return any(step["refresh"] and step["window"] for step in self.steps)
+
+
+def mixed_workload(rows, count=16):
+    prompts = [chat(row["prompt"]) for row in rows[:count]]
+    caps = [BLOCK * (1 + index % 3) for index in range(count)]
+    return prompts, caps
