@@ -2,6 +2,7 @@
 engine, batched equals solo, and a run compiles a bounded number of graphs (on CUDA: captured)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from torch._dynamo.utils import counters
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models import load_model
 from engine.models.compiled import bucket
+from engine.models.transformer import BidirectionalTransformer
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tiny-llada"
 
@@ -58,6 +60,21 @@ def test_a_compiled_run_compiles_one_graph_per_bucketed_shape_not_per_step(compi
     lm, _, run = compiled_run
     assert run["graphs"] == lm.model.compiled.num_graphs <= 4  # torch's own count: one per shape
     assert run["steps"] > 4 * run["graphs"]
+
+
+def test_a_model_one_layer_deeper_gets_graphs_of_its_own(compiled_run, workload):
+    """Guards on layers 1 and up are dropped (host time every step); the layer count stays guarded, so
+    a deeper model of the same shapes never runs the graphs compiled for the shallower one."""
+    lm, _, _ = compiled_run
+    config = dataclasses.replace(lm.model.config, num_layers=lm.model.config.num_layers + 1)
+    torch.manual_seed(1)
+    deeper = dataclasses.replace(lm, model=BidirectionalTransformer(config).eval().requires_grad_(False))
+    prompts, params = workload
+    graphs_before = counters["stats"]["unique_graphs"]
+    compiled = BlockServeEngine(deeper, EngineConfig(max_batch_size=2, compile=True)).generate(prompts[:2], params[:2])
+    assert counters["stats"]["unique_graphs"] > graphs_before  # compiled anew, not the shallower model's
+    eager = BlockServeEngine(deeper, EngineConfig(max_batch_size=2)).generate(prompts[:2], params[:2])
+    assert [o.token_ids for o in compiled] == [o.token_ids for o in eager]
 
 
 def test_an_engine_without_compile_runs_its_model_eagerly_again():
