@@ -52,7 +52,10 @@ def connect_ray() -> None:
         ray.init()
     else:  # a local instance: let its workers import this project from a plain checkout
         path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-        ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}})
+        # its workers run at this job's priority: Ray's default (nice 15) starves them beside any busy
+        # process on the machine (beside two busy loops on 2 cores, an actor took 140-170 s to load the
+        # tiny model, seconds otherwise); a cluster the job joins keeps its own settings
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, _system_config={"worker_niceness": 0})
 
 
 def number_of_actors(config: PipelineConfig, num_blocks: int) -> int:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -230,3 +233,13 @@ def test_job_that_fails_part_way_resumes_to_every_row_exactly_once(ray_cluster, 
     capsys.readouterr()
     assert run_job(tiny_model, output, input_path=input_path) == 0
     assert "nothing to do" in capsys.readouterr().out and len(read_outputs(output)) == 8
+
+
+def test_a_local_instance_the_job_starts_runs_its_workers_at_the_jobs_priority():
+    """Not at Ray's default nice 15, which starves the actors beside any busy process."""
+    code = ("import os, ray; from pipeline.run import connect_ray; connect_ray(); "
+            "print('worker niceness', ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote()))")
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_worker_niceness", "RAY_ADDRESS")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert "worker niceness 0" in done.stdout, done.stdout + done.stderr
