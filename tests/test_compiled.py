@@ -3,6 +3,7 @@ engine, batched equals solo, and a run compiles a bounded number of graphs (on C
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from torch._dynamo.utils import counters
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models import load_model
-from engine.models.compiled import bucket
+from engine.models.compiled import bucket, max_graphs
 from engine.models.transformer import BidirectionalTransformer
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tiny-llada"
@@ -93,3 +94,64 @@ def test_on_cuda_captured_graphs_give_the_eager_engines_tokens(workload):
     tokens = [o.token_ids for o in compiled.generate(*workload)]
     eager = BlockServeEngine(load_model(FIXTURE, dtype="float32", device="cuda"), EngineConfig(max_batch_size=2))
     assert [o.token_ids for o in eager.generate(*workload)] == tokens
+
+
+def run_in_new_thread(function):
+    """``function()`` on a fresh thread, as an engine loop runs (dynamo's settings are per thread)."""
+    result = {}
+
+    def target():
+        try:
+            result["value"] = function()
+        except BaseException as error:  # re-raised on the test's thread
+            result["error"] = error
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def two_waves(engine: BlockServeEngine) -> list[list[int]]:
+    """Twelve short rows, then twelve wider ones, leaving at different blocks: both widths meet refresh
+    and window forwards of 16, 8 and 4 rows (12 graphs)."""
+    outputs = []
+    for prompt_length in (10, 70):
+        prompts = [[3 + (7 * i + j) % 60 for j in range(prompt_length + i)] for i in range(12)]
+        params = [SamplingParams(max_new_tokens=32 * (1 + i % 4), stop_at_eos=False) for i in range(12)]
+        outputs += [o.token_ids for o in engine.generate(prompts, params)]
+    return outputs
+
+
+def test_an_engine_thread_compiles_more_shapes_than_torchs_default_limit_without_failing():
+    lm = load_model(FIXTURE, dtype="float32")
+    engine = BlockServeEngine(lm, EngineConfig(max_batch_size=16, compile=True))
+    compiled = run_in_new_thread(lambda: two_waves(engine))
+    forward = lm.model.compiled
+    assert forward.compile_failures == {}
+    default_limit = run_in_new_thread(lambda: torch._dynamo.config.recompile_limit)
+    assert default_limit == 8 < forward.num_graphs <= max_graphs(16, engine.arena.width)
+    eager = BlockServeEngine(load_model(FIXTURE, dtype="float32"), EngineConfig(max_batch_size=16))
+    assert two_waves(eager) == compiled
+
+
+def test_a_shape_that_fails_to_compile_runs_eagerly_with_a_warning_naming_the_cause(compiled_run, caplog):
+    """A real compiler failure (no C++ compiler where inductor looks) on a model of its own shapes (no
+    cached kernels): the engine keeps stepping eagerly and gives the eager tokens."""
+    lm, _, _ = compiled_run
+    config = dataclasses.replace(lm.model.config, intermediate_size=lm.model.config.intermediate_size + 8)
+    torch.manual_seed(2)
+    odd = dataclasses.replace(lm, model=BidirectionalTransformer(config).eval().requires_grad_(False))
+    prompts = [[3 + j for j in range(9 + i)] for i in range(3)]
+    params = [SamplingParams(max_new_tokens=32, stop_at_eos=False)] * 3
+    no_compiler = {"cpp.cxx": (None, "/nonexistent/c++"), "fx_graph_cache": False}
+    with torch._inductor.config.patch(no_compiler), caplog.at_level("WARNING", "engine.models.compiled"):
+        compiled = BlockServeEngine(odd, EngineConfig(max_batch_size=4, compile=True)).generate(prompts, params)
+    failures = odd.model.compiled.compile_failures
+    assert set(failures) == {"refresh 4x64", "window 4x32"}
+    assert all("No working C++ compiler" in cause for cause in failures.values())
+    assert len([r for r in caplog.records if "runs eagerly" in r.getMessage()]) == len(failures)
+    eager = BlockServeEngine(odd, EngineConfig(max_batch_size=4)).generate(prompts, params)
+    assert [o.token_ids for o in compiled] == [o.token_ids for o in eager]

@@ -13,16 +13,23 @@ so a run compiles a bounded number of graphs:
   write their keys/values to the arena's scratch column and are dropped;
 * a refresh part's width and a window's context round up to the next of a few widths (a bucket
   extends the box to the left, over columns that are padding for every row of the box: the arena
-  is right-aligned, so the columns are masked keys anyway); a prefix window's length rounds up to a
-  multiple of the block.
+  is right-aligned, so the columns are masked keys anyway); a prefix window longer than one block
+  rounds up to the next of those widths too.
 
 A step with both parts runs them as two forwards (refresh first: it writes the cache the window does
 not read). Tokens do not change with padding: a padded row or column only ever meets masked keys.
+
+Each bucket combination is one of dynamo's cache entries for ``_forward``; :func:`max_graphs` counts
+them all, and the thread that compiles raises dynamo's recompile limits to that count (the limits are
+per thread: an engine loop thread starts at torch's default of 8). A compilation that fails anyway
+runs that shape eagerly from then on, with one warning naming the cause, so the engine keeps stepping.
 """
 from __future__ import annotations
 
 import functools
+import logging
 import re
+import threading
 
 import torch
 
@@ -32,6 +39,11 @@ from engine.models.packed_step import PartPlan, StepPlan, additive_mask, rotary_
 from engine.models.step_inputs import RefreshPart, WindowPart
 
 WIDTH_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+# what a failed compilation raises: dynamo's own errors (a recompile limit, an unsupported op) and the
+# backend's (inductor wraps a C++ or Triton compiler error in BackendCompilerFailed)
+COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit)
+
+logger = logging.getLogger(__name__)
 
 
 def bucket(value: int, cap: int, buckets: tuple[int, ...] | None = None) -> int:
@@ -42,6 +54,30 @@ def bucket(value: int, cap: int, buckets: tuple[int, ...] | None = None) -> int:
             size *= 2
         return min(size, cap)
     return min(next((b for b in buckets if b >= value), value), cap)
+
+
+def max_graphs(max_rows: int, width: int) -> int:
+    """How many graphs a run can compile at most: row buckets x (refresh widths + window contexts x
+    window lengths), for rows up to ``max_rows`` in an arena of ``width`` columns."""
+    rows = len({bucket(n, max_rows) for n in range(1, max_rows + 1)})
+    widths = len({bucket(w, width, WIDTH_BUCKETS) for w in range(1, width + 1)}
+                 | {bucket(w, 1 << 30, WIDTH_BUCKETS) for w in range(1, width + 1)})
+    window_lengths = widths + 1  # the block (a dual window, a row's last block) or a bucketed width
+    return rows * (widths + widths * window_lengths)
+
+
+_thread_limits = threading.local()
+
+
+def raise_recompile_limits(graphs: int) -> None:
+    """Let dynamo keep ``graphs`` entries for ``_forward`` in the calling thread (dynamo's config
+    values are per thread, so the engine loop's thread needs its own)."""
+    if getattr(_thread_limits, "graphs", 0) >= graphs:
+        return
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, graphs)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * graphs)
+    _thread_limits.graphs = graphs
 
 
 @torch.compiler.nested_compile_region
@@ -100,28 +136,55 @@ class CompiledForward:
     """``forward_step`` of a :class:`BidirectionalTransformer` through compiled, shape-bucketed layers."""
 
     def __init__(self, model, max_rows: int):
-        import torch._dynamo
-
-        # one graph per bucket combination; the default (8) would fall back to eager past 8 shapes
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        torch._dynamo.config.accumulated_cache_size_limit = max(
-            torch._dynamo.config.accumulated_cache_size_limit, 512)
         self.model, self.max_rows = model, max_rows
         self.cuda_graphs = model.embed_tokens.weight.device.type == "cuda"
         self.forward = compiled_forward(self.cuda_graphs)
         self.static_arenas: set[int] = set()
-        self.shapes: set[tuple] = set()  # the bucketed shapes run so far: one graph each
+        self.shapes: set[tuple] = set()  # the bucketed shapes compiled so far: one graph each
+        self.eager_shapes: dict[tuple, str] = {}  # shapes whose compilation failed -> the cause
 
     def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
                      arena: KVArena | None) -> torch.Tensor:
         hidden = []
         if refresh is not None:
-            hidden.append(self._refresh(refresh, arena))
+            hidden.append(self._part(self._refresh, refresh, arena))
         if window is not None:
-            hidden.append(self._window(window, arena))
+            hidden.append(self._part(self._window, window, arena))
         return torch.cat(hidden) if len(hidden) > 1 else hidden[0]
 
-    def _refresh(self, part: RefreshPart, arena: KVArena | None) -> torch.Tensor:
+    def _part(self, run, part: RefreshPart | WindowPart, arena: KVArena | None) -> torch.Tensor:
+        """One part through its compiled graph, or eagerly if that graph failed to compile."""
+        width = arena.width if arena is not None else part.tokens.shape[1]
+        raise_recompile_limits(max_graphs(max(self.max_rows, part.tokens.shape[0]), width))
+        key = self._shape_key(part, arena)
+        if key not in self.eager_shapes:
+            try:
+                return run(part, arena)
+            except COMPILE_ERRORS as error:
+                cause = f"{type(error).__name__}: {next(iter(str(error).splitlines()), '')}"
+                self.eager_shapes[key] = cause
+                self.shapes.discard(key)
+                logger.warning("compiling the %s step of %d rows x %d tokens failed (%s); this shape "
+                               "runs eagerly from now on", key[0], key[1], key[2], cause)
+        if isinstance(part, RefreshPart):
+            return self.model.forward_step_eager(part, None, arena)
+        return self.model.forward_step_eager(None, part, arena)
+
+    @property
+    def compile_failures(self) -> dict[str, str]:
+        """Each shape that runs eagerly because its compilation failed, and why."""
+        return {f"{kind} {rows}x{length}": cause for (kind, rows, length, _), cause in self.eager_shapes.items()}
+
+    def _shape_key(self, part: RefreshPart | WindowPart, arena: KVArena | None) -> tuple:
+        """``(kind, rows, length, keys)`` of the bucketed forward that runs ``part``: its graph."""
+        if isinstance(part, RefreshPart):
+            rows, length, grow = self._refresh_shape(part, arena)
+            return "refresh", rows, length, length
+        rows, length, context = self._window_shape(part, arena)
+        return "window", rows, length, context
+
+    def _refresh_shape(self, part: RefreshPart, arena: KVArena | None) -> tuple[int, int, int]:
+        """Bucketed rows and width of a refresh part, and the columns added on its left."""
         rows, length = part.tokens.shape
         padded_rows = bucket(rows, max(self.max_rows, rows))
         padded_length = bucket(length, arena.width if part.slots is not None else 1 << 30, WIDTH_BUCKETS)
@@ -129,6 +192,20 @@ class CompiledForward:
         if part.slots is not None and part.first_column - grow < 0:
             grow = part.first_column
             padded_length = length + grow
+        return padded_rows, padded_length, grow
+
+    def _window_shape(self, part: WindowPart, arena: KVArena) -> tuple[int, int, int]:
+        """Bucketed rows, length and context of a window part: a window of one block (a dual
+        window, or a prefix window in each row's last block) keeps its length."""
+        rows, length = part.tokens.shape
+        padded_rows = bucket(rows, arena.kv.shape[1])
+        padded_length = length if length <= part.num_read + 1 else bucket(length, 1 << 30, WIDTH_BUCKETS)
+        context = bucket(arena.width - part.context_start, arena.width, WIDTH_BUCKETS)
+        return padded_rows, padded_length, context
+
+    def _refresh(self, part: RefreshPart, arena: KVArena | None) -> torch.Tensor:
+        rows, length = part.tokens.shape
+        padded_rows, padded_length, grow = self._refresh_shape(part, arena)
         tokens = _pad(part.tokens, padded_rows, grow, 0)
         positions = _pad(part.positions, padded_rows, grow, 0)
         key_mask = _pad(part.key_mask, padded_rows, grow, False)
@@ -149,10 +226,7 @@ class CompiledForward:
         first, count = part.slot_range if part.slot_range is not None else (None, None)
         if first != 0 or count != rows:  # only rows packed from slot 0 (the engine's layout) compile
             return self.model.forward_step_eager(None, part, arena)
-        padded_rows = bucket(rows, arena.kv.shape[1])
-        # a dual window has one length per engine; a prefix window (block to row end) is bucketed
-        padded_length = length if length <= WIDTH_BUCKETS[1] else bucket(length, 1 << 30, WIDTH_BUCKETS)
-        context = bucket(arena.width - part.context_start, arena.width, WIDTH_BUCKETS)
+        padded_rows, padded_length, context = self._window_shape(part, arena)
         start = arena.width - context
         tokens = _pad(part.tokens, padded_rows, 0, 0, padded_length)
         positions = _pad(part.positions, padded_rows, 0, 0, padded_length)
