@@ -182,6 +182,14 @@ def resume(state_file: Path, model, optimizer, rng: random.Random) -> Progress:
                     state.get("history", []), rewarm_from=state["step"] if fresh_optimizer else None)
 
 
+def continue_record(record_file: Path) -> Progress:
+    """A warm start from a shipped checkpoint continues its curve: its steps, hours and best score are
+    carried over, so the schedule resumes where it stopped and only a better model replaces it."""
+    record = json.loads(record_file.read_text())
+    return Progress(record["steps"], record["wall_hours"] * 3600, record["cpu_hours"] * 3600,
+                    record["validation"], record["history"], rewarm_from=record["steps"])
+
+
 def build_model(args: argparse.Namespace, tokenizer) -> BidirectionalTransformer:
     """The tiny transformer, initialized (or warm-started from ``args.init``), on ``args.device``."""
     model = BidirectionalTransformer(tiny_config(len(tokenizer)))
@@ -230,6 +238,10 @@ def main() -> None:
         progress = resume(state_file, model, optimizer, rng)
         print(f"resumed at step {progress.step} ({progress.elapsed / 60:.1f} min trained, "
               f"best {progress.best})", flush=True)
+    elif args.init is not None and (args.init / "training.json").is_file():
+        progress = continue_record(args.init / "training.json")
+        rng = random.Random(f"{args.seed}-{progress.step}")  # not the examples of the record's first steps
+        print(f"continuing {args.init}'s record at step {progress.step}, fresh optimizer moments", flush=True)
     args.work.mkdir(parents=True, exist_ok=True)
     mixture = MIXTURES[args.mixture]
     wall, cpu, running_loss = time.time(), time.process_time(), None
