@@ -1,11 +1,10 @@
 """What one Ray Data actor instance reports to the driver: row counts, a latency sample, engine stats.
 
 The driver adds the snapshots up (``pipeline.stats``); an actor sends a full snapshot (not a delta)
-after each batch, through :class:`StatsReporter` to a named :class:`~actors.stats_registry.StatsRegistry`.
+after each batch, through a :class:`~actors.stats_registry.RegistryClient` to the job's registry.
 """
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from dataclasses import dataclass, field
@@ -61,19 +60,3 @@ class ActorStats:
         return {**identity, "sequence": self.sequence, "reported_at": time.time(), "rows": self.rows,
                 "error_rows": self.error_rows, "batches": self.batches, **measured,
                 "samples": self.latencies.to_dict()}
-
-
-class StatsReporter:
-    """Sends snapshots to the named StatsRegistry; ``report`` returns once the snapshot has landed, so
-    when a dataset has been consumed the registry holds every actor's final numbers."""
-
-    def __init__(self, registry_name: str):
-        self.registry_name = registry_name
-        self._registry = None
-
-    async def report(self, snapshot: dict[str, Any]) -> None:
-        import ray
-
-        if self._registry is None:
-            self._registry = ray.get_actor(self.registry_name)
-        await asyncio.wrap_future(self._registry.report.remote(snapshot).future())

@@ -22,9 +22,11 @@ in its input row order. With ``stats_actor`` set, a snapshot of this actor's sta
 (:mod:`actors.actor_stats`) reaches that named registry before each batch is returned.
 
 In a Ray actor, an engine loop that dies (a step raised, e.g. a CUDA error) or stalls ends the actor's
-process: Ray restarts the actor (Ray Data's default ``max_restarts=-1``) and retries the batches it
+process: Ray restarts the actor (up to the processor's ``max_restarts``) and retries the batches it
 held, so the job still writes every row once. A process left alive would fail every later batch, and
-Ray only retries batches whose actor died. Outside Ray, the batch raises instead.
+Ray only retries batches whose actor died. Outside Ray, the batch raises instead. With ``stats_actor``
+set, the registry also learns of each death and its cause, and a batch that was running in
+``max_batch_deaths`` of them is not run again (:mod:`actors.batch_deaths`).
 """
 from __future__ import annotations
 
@@ -37,13 +39,15 @@ from typing import Any
 
 import torch
 
-from actors.actor_stats import ActorStats, StatsReporter
+from actors.actor_stats import ActorStats
+from actors.batch_deaths import BatchGate, BatchIdentity, batch_identity, refusal_message
 from actors.batch_rows import Batch, input_rows, is_missing, with_columns
 from actors.device_stats import UtilizationSampler, memory_peak
 from actors.engine_loop import EngineLoop
 from actors.placement import current_placement
 from actors.row_outputs import RowError, output_columns, output_row, raise_first_error
 from actors.row_params import sampling_params_for_row
+from actors.stats_registry import RegistryClient
 from engine import BlockServeEngine, EngineConfig, RequestOutput, SamplingParams
 
 __all__ = ["BlockServeActor", "RowError"]
@@ -58,13 +62,16 @@ class BlockServeActor:
                  prompt_column: str = "prompt", messages_column: str = "messages",
                  chat_template: bool = False, should_continue_on_error: bool = True,
                  dtype: str = "float32", device: str | None = None, torch_threads: int | None = None,
-                 stall_timeout_s: float = 600.0, stats_actor: str | None = None):
+                 stall_timeout_s: float = 600.0, stats_actor: str | None = None, max_batch_deaths: int = 2):
         """``engine``/``sampling``: EngineConfig / SamplingParams fields (unknown keys raise ValueError);
         ``sort_pending`` defaults to False here (see below).
         ``chat_template``: wrap a raw ``prompt`` string as one user message (``messages`` always gets
         the template). ``device``: None picks CUDA when present. ``stall_timeout_s``: an engine that
         has not completed a step for this long ends the actor's process (Ray restarts it, Ray Data
-        retries its batches); outside Ray the batch raises."""
+        retries its batches); outside Ray the batch raises. ``max_batch_deaths``: with ``stats_actor``,
+        a batch that was running in this many engine deaths is refused (see the module's docstring)."""
+        if max_batch_deaths < 1:
+            raise ValueError(f"max_batch_deaths must be >= 1, got {max_batch_deaths}")
         if torch_threads:
             torch.set_num_threads(torch_threads)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -82,12 +89,17 @@ class BlockServeActor:
         self.engine = BlockServeEngine.from_pretrained(model, engine_config, device=self.device, dtype=dtype)
         self.placement = current_placement()
         self.instance_id = uuid.uuid4().hex
+        self.max_batch_deaths = max_batch_deaths
+        self.gate = BatchGate()
+        self.registry = None
+        if stats_actor is not None:
+            self.registry = RegistryClient(stats_actor, self.actor_id, self.instance_id)
+            self.registry.instance_started(self.restarted)
         self.utilization = UtilizationSampler(self.device)
         self.loop = EngineLoop(self.engine, max_pending=None, stall_timeout_s=stall_timeout_s,
                                on_step=lambda _: self.utilization.maybe_sample(),
                                on_death=self._end_process if self.in_ray_actor else None).start()
         self.stats = ActorStats()
-        self.reporter = StatsReporter(stats_actor) if stats_actor is not None else None
 
     @property
     def actor_id(self) -> str:
@@ -110,21 +122,42 @@ class BlockServeActor:
         """One output dict (the ``OUTPUT_SCHEMA`` columns) per row dict, in order. A row holds
         ``messages`` or ``prompt``, and optionally ``sampling_params``."""
         started = time.perf_counter()
-        requests = [self._request_of(row) for row in rows]
-        pending = {index: asyncio.wrap_future(self.loop.submit(*request, stream=False).result)
-                   for index, request in enumerate(requests) if not isinstance(request, str)}
-        served = dict(zip(pending, await self._results(list(pending.values()))))
         placement = dict(actor_id=self.actor_id, node_id=self.placement.node_id, device=str(self.device))
-        outputs = [output_row(served.get(index, request), placement) for index, request in enumerate(requests)]
+        if self.registry is None:
+            outputs = await self._serve(rows, placement)
+        else:
+            outputs = await self._serve_tracked(batch_identity(rows), rows, placement)
         self.stats.record(outputs)
         if not self.should_continue_on_error:
             raise_first_error(outputs)
-        if self.reporter is not None:
-            await self.reporter.report(self.stats_snapshot())
+        if self.registry is not None:
+            await self.registry.report(self.stats_snapshot())
         logger.info("batch of %d rows in %.1fs; actor %s: %d rows, %d tokens", len(rows),
                     time.perf_counter() - started, self.actor_id[:8], self.stats.rows,
                     self.loop.stats.generated_tokens)
         return outputs
+
+    async def _serve_tracked(self, batch: BatchIdentity, rows: list[dict[str, Any]],
+                             placement: dict[str, str]) -> list[dict[str, Any]]:
+        """The batch as the registry's ledger allows: refused after ``max_batch_deaths``, alone after
+        one, beside other batches otherwise; running in the ledger while in the engine."""
+        record = await self.registry.batch_record(batch)
+        if record.deaths >= self.max_batch_deaths:
+            logger.error("%s", refusal_message(record))
+            return [output_row(refusal_message(record), placement) for _ in rows]
+        async with self.gate.enter(alone=record.deaths > 0):
+            await self.registry.batch_started(batch)
+            try:
+                return await self._serve(rows, placement)
+            finally:  # not reached when the process ends: the batch stays running in the ledger
+                await self.registry.batch_finished(batch.key)
+
+    async def _serve(self, rows: list[dict[str, Any]], placement: dict[str, str]) -> list[dict[str, Any]]:
+        requests = [self._request_of(row) for row in rows]
+        pending = {index: asyncio.wrap_future(self.loop.submit(*request, stream=False).result)
+                   for index, request in enumerate(requests) if not isinstance(request, str)}
+        served = dict(zip(pending, await self._results(list(pending.values()))))
+        return [output_row(served.get(index, request), placement) for index, request in enumerate(requests)]
 
     def stats_snapshot(self) -> dict:
         """Everything the driver aggregates for this actor instance (plain JSON-able values)."""
@@ -133,10 +166,13 @@ class BlockServeActor:
         identity = {"actor_id": self.actor_id, "instance_id": self.instance_id,
                     "node_id": self.placement.node_id, "device": str(self.device), "model": self.model_name,
                     "restarted": self.restarted}
+        compiled = self.engine.lm.model.compiled
         return self.stats.snapshot(
             identity, busy_s=engine_stats["elapsed_s"], active_s=self.loop.active_s, idle_s=self.loop.idle_s,
             memory_peak_bytes=peak, memory_peak_kind=peak_kind, gpu_utilization=self.utilization.mean,
-            gpu_utilization_unavailable=self.utilization.unavailable, engine=engine_stats)
+            gpu_utilization_unavailable=self.utilization.unavailable, engine=engine_stats,
+            compiled_graphs=compiled.num_graphs if compiled is not None else None,
+            compile_failures=compiled.compile_failures if compiled is not None else {})
 
     def _request_of(self, row: dict[str, Any]) -> tuple[Any, SamplingParams] | str:
         """(prompt, params) for the engine, or the error message of a row that cannot be a request.
@@ -169,6 +205,8 @@ class BlockServeActor:
         before any batch hears of it, so no batch returns an error that would fail the job."""
         logger.error("BlockServeActor %s: engine loop is dead or stuck (%s): exiting so that Ray "
                      "restarts the actor and retries its batches", self.actor_id, problem)
+        if self.registry is not None:
+            self.registry.instance_died(death_cause(problem))
         for handler in logging.getLogger().handlers:
             handler.flush()
         os._exit(1)
@@ -177,3 +215,11 @@ class BlockServeActor:
         loop = getattr(self, "loop", None)
         if loop is not None:
             loop.stop(timeout_s=0)
+
+
+def death_cause(problem: BaseException | str) -> str:
+    """One line for the job's summary: the error's type and the first line of its message."""
+    if isinstance(problem, str):
+        return problem
+    first_line = next(iter(str(problem).splitlines()), "")
+    return f"{type(problem).__name__}: {first_line}" if first_line else type(problem).__name__

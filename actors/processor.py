@@ -69,6 +69,9 @@ class BlockServeProcessorConfig(OfflineProcessorConfig):
     num_cpus_per_actor: float = Field(1.0, gt=0.0)
     torch_threads: int | None = None
     stats_actor: str | None = Field(None, description="a StatsRegistry name to report to")
+    max_restarts: int = Field(8, ge=0, description="times Ray restarts an actor whose process died; then "
+                              "its batches fail the job")
+    max_task_retries: int = Field(4, ge=0, description="times Ray retries a batch whose actor died")
     actor_options: dict[str, Any] = Field(
         default_factory=dict, description="other BlockServeActor arguments (stall_timeout_s, ...)")
     actor_class: str = Field(DEFAULT_ACTOR_CLASS, description="import path of the stage's actor: "
@@ -134,7 +137,8 @@ def build_blockserve_processor(config: BlockServeProcessorConfig, preprocess=Non
                                                or config.max_concurrent_batches)),
             max_concurrency=config.max_concurrent_batches, accelerator_type=config.accelerator_type,
             num_gpus=config.num_gpus_per_actor or None, num_cpus=config.num_cpus_per_actor,
-            runtime_env=config.runtime_env))
+            runtime_env=config.runtime_env, max_restarts=config.max_restarts,
+            max_task_retries=config.max_task_retries))
     return Processor(config, [stage], preprocess=preprocess, postprocess=postprocess,
                      preprocess_map_kwargs=preprocess_map_kwargs,
                      postprocess_map_kwargs=postprocess_map_kwargs)

@@ -32,6 +32,8 @@ class ActorsConfig(_Section):
     max_concurrent_batches: int = Field(4, ge=1)  # batches one actor holds in flight (one engine)
     torch_threads: int | None = Field(None, ge=1)  # CPU actors: intra-op threads (None: Ray's default)
     startup_timeout_s: int = Field(600, ge=1)  # wait this long for every actor to load its model
+    max_restarts: int = Field(8, ge=0)  # Ray restarts an actor whose process died this often, then fails
+    max_task_retries: int = Field(4, ge=0)  # Ray retries a batch whose actor died this often
     actor_class: str | None = None  # import path of a BlockServeActor subclass; None: BlockServeActor
     actor_options: dict[str, Any] = Field(default_factory=dict)  # more constructor arguments of the actor
 

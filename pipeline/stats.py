@@ -81,18 +81,49 @@ def per_node(snapshots: list[dict], wall_s: float) -> list[dict]:
     return nodes
 
 
-def aggregate(snapshots: list[dict], wall_s: float, bin_tokens: int) -> dict:
+def aggregate(snapshots: list[dict], wall_s: float, bin_tokens: int, deaths: list[dict] = ()) -> dict:
+    """``deaths``: the registry's :class:`~actors.batch_deaths.ActorDeath` records, kept as they are."""
     by_actor: dict[str, list[dict]] = defaultdict(list)
     for snapshot in snapshots:
         by_actor[snapshot["actor_id"]].append(snapshot)
     per_actor = []
     for actor_id, group in sorted(by_actor.items()):
+        graphs = [s["compiled_graphs"] for s in group if s.get("compiled_graphs") is not None]
         per_actor.append({"actor_id": actor_id, "node_id": group[0]["node_id"], "device": group[0]["device"],
-                          "incarnations": len(group), **summarize(group)})
+                          "incarnations": len(group), "compiled_graphs": max(graphs, default=None),
+                          "compile_failures": {k: v for s in group for k, v in s.get("compile_failures", {}).items()},
+                          **summarize(group)})
     totals = {"actors": len(by_actor), "restarts": len(snapshots) - len(by_actor),
               **summarize(snapshots, wall_s=wall_s)}
     return {"per_actor": per_actor, "per_node": per_node(snapshots, wall_s), "totals": totals,
-            "latency_by_output_length": latency_by_output_length(snapshots, bin_tokens)}
+            "latency_by_output_length": latency_by_output_length(snapshots, bin_tokens),
+            "actor_deaths": list(deaths)}
+
+
+def describe_deaths(deaths: list[dict]) -> list[str]:
+    """One line per actor that died: how often, and the cause of its last death."""
+    by_actor: dict[str, list[dict]] = defaultdict(list)
+    for death in sorted(deaths, key=lambda d: d["reported_at"]):
+        by_actor[death["actor_id"]].append(death)
+    lines = []
+    for actor_id, group in sorted(by_actor.items()):
+        times = "once" if len(group) == 1 else f"{len(group)} times"
+        lines.append(f"actor {actor_id[:8]} died {times} (Ray restarted it and retried its batches); "
+                     f"last cause: {group[-1]['cause']}")
+    return lines
+
+
+def describe_compilation(per_actor: list[dict]) -> list[str]:
+    """Graphs each actor compiled, and any shape that fell back to eager (compile=True only)."""
+    compiled = [a for a in per_actor if a.get("compiled_graphs") is not None]
+    if not compiled:
+        return []
+    lines = ["compiled graphs per actor: " + ", ".join(f"{a['actor_id'][:8]} {a['compiled_graphs']}"
+                                                         for a in compiled)]
+    for actor in compiled:
+        for shape, cause in actor["compile_failures"].items():
+            lines.append(f"  actor {actor['actor_id'][:8]} runs {shape} eagerly: {cause}")
+    return lines
 
 
 # -- presentation ----------------------------------------------------------------------------------
@@ -136,6 +167,8 @@ def format_table(stats: dict) -> str:
         out.append(f"  node {node['node_id'][:8]}: {node['actors']} actor(s), {node['rows']} rows, "
                    f"{node['generated_tokens']} tokens ({node['tokens_per_s']:.1f} tok/s of wall), "
                    f"busy {node['busy_s']:.1f}s ({_pct(node['busy_fraction'])} of its actors' time)")
+    out += describe_deaths(stats.get("actor_deaths", []))
+    out += describe_compilation(stats["per_actor"])
     for bin_ in stats["latency_by_output_length"]:
         out.append(f"  latency, {bin_['output_tokens']:>9} output tokens: p50 {bin_['p50_s']:.2f}s  "
                    f"p90 {bin_['p90_s']:.2f}s  max {bin_['max_s']:.2f}s  ({bin_['rows']} rows sampled)")

@@ -1,9 +1,12 @@
-"""Fault injection as a test wrapper around the production actor (not an option of it).
+"""Fault injection as test wrappers around the production actor (not options of it).
 
 ``FailAfterRows`` fails the first batch that starts once ``fail_after_rows`` rows were returned (those
 get written): ``"crash"`` ends the process of the actor's first incarnation (Ray restarts it and
-retries the batch), ``"error"`` raises (the job fails). The pipeline tests select it with
-``actors.actor_class=tests.fault_injection.FailAfterRows``.
+retries the batch), ``"engine"`` makes the first incarnation's next engine step raise (the engine loop
+dies and the actor ends its process the production way, reporting the cause), ``"error"`` raises (the
+job fails). ``ExitOnPrompt`` ends the actor's process whenever a batch holding a given prompt reaches
+the engine, on every incarnation: a batch that kills its actor every time. The pipeline tests select
+them with ``actors.actor_class=tests.fault_injection.<Name>``.
 """
 from __future__ import annotations
 
@@ -15,11 +18,14 @@ from actors.block_serve_actor import BlockServeActor
 
 logger = logging.getLogger(__name__)
 
+FAIL_MODES = ("crash", "engine", "error")
+
 
 class FailAfterRows(BlockServeActor):
-    def __init__(self, *, fail_after_rows: int, fail_mode: Literal["crash", "error"] = "crash", **kwargs: Any):
-        if fail_mode not in ("crash", "error"):
-            raise ValueError(f"fail_mode must be 'crash' or 'error', got {fail_mode!r}")
+    def __init__(self, *, fail_after_rows: int, fail_mode: Literal["crash", "engine", "error"] = "crash",
+                 **kwargs: Any):
+        if fail_mode not in FAIL_MODES:
+            raise ValueError(f"fail_mode must be one of {FAIL_MODES}, got {fail_mode!r}")
         super().__init__(**kwargs)
         self.fail_after_rows, self.fail_mode = fail_after_rows, fail_mode
 
@@ -28,6 +34,26 @@ class FailAfterRows(BlockServeActor):
             if self.fail_mode == "error":
                 raise RuntimeError(f"injected failure after {self.stats.rows} rows (fail_after_rows)")
             if not self.restarted and self.in_ray_actor:
-                logger.error("injected crash after %d rows (fail_after_rows)", self.stats.rows)
-                os._exit(1)
+                if self.fail_mode == "crash":
+                    logger.error("injected crash after %d rows (fail_after_rows)", self.stats.rows)
+                    os._exit(1)
+                self._fail_next_step(f"injected engine fault after {self.stats.rows} rows (fail_after_rows)")
         return await super().generate_rows(rows)
+
+    def _fail_next_step(self, message: str) -> None:
+        def failing_step():
+            raise RuntimeError(message)
+
+        self.engine.step = failing_step
+
+
+class ExitOnPrompt(BlockServeActor):
+    def __init__(self, *, exit_on_prompt: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.exit_on_prompt = exit_on_prompt
+
+    async def _serve(self, rows: list[dict[str, Any]], placement: dict[str, str]) -> list[dict[str, Any]]:
+        if self.in_ray_actor and any(row.get("prompt") == self.exit_on_prompt for row in rows):
+            logger.error("injected process exit on prompt %r", self.exit_on_prompt)
+            os._exit(1)
+        return await super()._serve(rows, placement)
