@@ -29,6 +29,7 @@ import ray
 
 from pipeline import data, stats as job_stats, storage
 from pipeline.config import ConfigError, PipelineConfig, load_config
+from pipeline.stderr_filter import benign_ray_lines_dropped
 
 logger = logging.getLogger("pipeline")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -102,6 +103,7 @@ def processor_config(config: PipelineConfig, num_actors: int, registry_name: str
         batch_size=config.actors.batch_size, max_concurrent_batches=config.actors.max_concurrent_batches,
         num_gpus_per_actor=config.actors.num_gpus, num_cpus_per_actor=config.actors.num_cpus,
         torch_threads=config.actors.torch_threads, stats_actor=registry_name,
+        max_restarts=config.actors.max_restarts, max_task_retries=config.actors.max_task_retries,
         actor_options=config.actors.actor_options,
         **({"actor_class": config.actors.actor_class} if config.actors.actor_class else {}))
 
@@ -126,11 +128,40 @@ def generate(ds: ray.data.Dataset, config: PipelineConfig, num_actors: int,
     return ds
 
 
+class JobFailedError(RuntimeError):
+    """The dataset failed part-way; ``deaths`` are the actor deaths the registry saw until then."""
+
+    def __init__(self, error: Exception, deaths: list[dict]):
+        super().__init__(f"{type(error).__name__}: {next(iter(str(error).splitlines()), '')}")
+        self.error, self.deaths = error, deaths
+
+
+def generate_and_write(ds: ray.data.Dataset, config: PipelineConfig, num_actors: int,
+                       outputs_dir: str) -> tuple[float, list[dict], list[dict]]:
+    """Generate and write every row; returns the wall time, the actors' stats snapshots and deaths."""
+    from actors.stats_registry import start_stats_registry
+
+    registry_name = f"blockserve-stats-{uuid.uuid4().hex[:12]}"
+    registry = start_stats_registry(registry_name)
+    try:
+        started = time.time()
+        try:
+            # writes are light: a full CPU each would starve them on small nodes, and then Ray Data
+            # holds back the actors whose outputs pile up unwritten
+            generate(ds, config, num_actors, registry_name).write_parquet(
+                outputs_dir, ray_remote_args={"num_cpus": 0.25})
+        except Exception as error:
+            raise JobFailedError(error, ray.get(registry.deaths.remote())) from error
+        wall_s = time.time() - started
+        snapshots, deaths = ray.get([registry.collect.remote(), registry.deaths.remote()])
+    finally:
+        ray.kill(registry)
+    return wall_s, snapshots, deaths
+
+
 def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     """Run the job on the connected Ray cluster; returns the stats written to stats.json (None if
     every row was already done)."""
-    from actors.stats_registry import start_stats_registry
-
     outputs_dir = storage.join(storage.absolute(config.output), "outputs")
     if not storage.is_uri(config.output) and len([n for n in ray.nodes() if n["Alive"]]) > 1:
         logger.warning("output %s is a local path on a multi-node cluster: each node would hold part of "
@@ -162,21 +193,9 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     num_actors = number_of_actors(config, -(-rows_todo // config.actors.batch_size))
     logger.info("%d rows to generate, length buckets at %s tokens, %d actor(s)", rows_todo, edges, num_actors)
 
-    registry_name = f"blockserve-stats-{uuid.uuid4().hex[:12]}"
-    registry = start_stats_registry(registry_name)
-    try:
-        started = time.time()
-        # writes are light: a full CPU each would starve them on small nodes, and then Ray Data holds
-        # back the actors whose outputs pile up unwritten
-        generate(ds, config, num_actors, registry_name).write_parquet(
-            outputs_dir, ray_remote_args={"num_cpus": 0.25})
-        wall_s = time.time() - started
-        snapshots = ray.get(registry.collect.remote())
-    finally:
-        ray.kill(registry)
-
+    wall_s, snapshots, deaths = generate_and_write(ds, config, num_actors, outputs_dir)
     written = storage.read_column(outputs_dir, config.id_column)
-    result = job_stats.aggregate(snapshots, wall_s, bin_tokens=config.engine.block_length)
+    result = job_stats.aggregate(snapshots, wall_s, bin_tokens=config.engine.block_length, deaths=deaths)
     result["run"] = {
         "config": config_path, "input": config.input, "output": config.output, "model": config.model,
         "rows_already_done": len(done_ids), "rows_generated": rows_todo, "bucket_edges": edges,
@@ -188,9 +207,27 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     return result
 
 
-def expected_answers(config: PipelineConfig, count: int = 5, width: int = 60) -> str:
+def first_difference(output: str, expected: str) -> int | None:
+    """Index of the first word where ``output`` and ``expected`` differ (None when they are equal)."""
+    got, want = output.split(), expected.split()
+    for index, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            return index
+    return None if len(got) == len(want) else min(len(got), len(want))
+
+
+def around(text: str, word: int, before: int = 6, after: int = 6) -> str:
+    """The words of ``text`` from ``before`` words ahead of ``word`` to ``after`` past it, with "..."
+    where words were left out."""
+    words = text.split()
+    start, end = max(0, word - before), min(len(words), word + after)
+    shown = " ".join(words[start:end]) or "(nothing)"
+    return ("... " if start else "") + shown + (" ..." if end < len(words) else "")
+
+
+def expected_answers(config: PipelineConfig, count: int = 5) -> str:
     """When the input carries an ``answer`` column (the demo data does): how many outputs equal it, and
-    a few rows with the expected answer beside the output, so a person sees at a glance what is right."""
+    a few rows with the expected answer beside the output; a wrong one is shown where it first differs."""
     outputs_dir = storage.join(config.output, "outputs")
     columns = (config.id_column, config.prompt_column, "generated_text", "answer")
     files, (filesystem, _) = storage.list_files(outputs_dir, ".parquet"), storage.resolve(outputs_dir)
@@ -198,15 +235,16 @@ def expected_answers(config: PipelineConfig, count: int = 5, width: int = 60) ->
     if not files or not set(columns) <= set(pq.read_schema(files[0], filesystem=filesystem).names):
         return ""
     ids, prompts, outputs, expected = (storage.read_column(outputs_dir, c).to_pylist() for c in columns)
-
-    def cut(text: str) -> str:
-        return text if len(text) <= width else text[: width - 3] + "..."
-
     right = sum(o == e for o, e in zip(outputs, expected))
     lines = [f"{right} of {len(ids)} outputs equal the input's expected answer; a few rows:"]
     for _, prompt, output, answer in sorted(zip(ids, prompts, outputs, expected))[:count]:
-        lines += [f"  {cut(prompt)}", f"    output:   {cut(output)}",
-                  f"    expected: {cut(answer)}  [{'right' if output == answer else 'wrong'}]"]
+        differs = first_difference(output, answer)
+        if differs is None:
+            lines += [f"  {around(prompt, 0, 0, 12)}", f"    output:   {around(output, 0, 0, 12)}",
+                      f"    expected: {around(answer, 0, 0, 12)}  [right]"]
+        else:
+            lines += [f"  {around(prompt, 0, 0, 12)}", f"    output:   {around(output, differs)}",
+                      f"    expected: {around(answer, differs)}  [wrong] first differs at word {differs + 1}"]
     return "\n".join(lines)
 
 
@@ -223,13 +261,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     connect_ray()
     try:
-        result = run(config, args.config)
+        with benign_ray_lines_dropped():
+            result = run(config, args.config)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
     except Exception as error:  # the job failed part-way: what was written stays, a rerun resumes
-        first_line = next(iter(str(error).splitlines()), "")
-        logger.error("job failed: %s: %s", type(error).__name__, first_line)
+        failure = error if isinstance(error, JobFailedError) else JobFailedError(error, [])
+        logger.error("job failed: %s", failure)
+        for line in job_stats.describe_deaths(failure.deaths):
+            logger.error("%s", line)
         print(f"job failed; rerun with --output {config.output} to resume", file=sys.stderr)
         return 1
     if result is None:

@@ -180,6 +180,18 @@ def test_the_demo_prints_a_few_rows_with_their_expected_answers_beside_them(fini
     assert f"  {first['prompt'][:57]}" in printed and f"[{verdict}]" in printed
 
 
+def test_a_wrong_answer_is_shown_around_the_word_where_it_first_differs():
+    from pipeline.run import around, first_difference
+
+    expected = " ".join(str(n) for n in range(10, 40))
+    skipped = expected.replace(" 31 ", " ")
+    assert first_difference(expected, expected) is None
+    assert first_difference(skipped, expected) == 21
+    assert around(skipped, 21) == "... 25 26 27 28 29 30 32 33 34 35 36 37 ..."
+    assert around(expected, 21) == "... 25 26 27 28 29 30 31 32 33 34 35 36 ..."
+    assert first_difference("1 2 3", "1 2 3 4") == 3 and around("1 2 3", 3) == "1 2 3"
+
+
 def test_rows_of_similar_prompt_length_travel_together(finished_run):
     _, output, _ = finished_run
     rows = read_outputs(output)
@@ -192,20 +204,60 @@ def test_rows_of_similar_prompt_length_travel_together(finished_run):
         assert lengths == sorted(lengths)
 
 
-def test_actor_crash_is_restarted_and_every_row_is_written_exactly_once(ray_cluster, tiny_model,
-                                                                        tmp_path):
+def test_an_engine_death_is_restarted_every_row_written_once_and_the_summary_says_why(
+        ray_cluster, tiny_model, tmp_path, capsys):
     """Parquet input without an id column: ids are generated from the rows' content."""
     source = [{"prompt": r["prompt"], "task": r["task"]} for r in demo_rows(8, start=200)]
     input_path = tmp_path / "prompts.parquet"
     pq.write_table(pa.Table.from_pylist(source), input_path)
     output = tmp_path / "out"
-    code = run_job(tiny_model, output, *fail_after_rows(4, "crash"), input_path=input_path)
+    capsys.readouterr()
+    code = run_job(tiny_model, output, *fail_after_rows(4, "engine"), input_path=input_path)
     assert code == 0
     rows = read_outputs(output)
     assert sorted(r["prompt"] for r in rows) == sorted(r["prompt"] for r in source)
     assert len({r["id"] for r in rows}) == 8
     stats = stats_of(output)
     assert stats["totals"]["restarts"] == 1 and stats["per_actor"][0]["incarnations"] == 2
+    (death,) = stats["actor_deaths"]
+    assert death["cause"] == "RuntimeError: injected engine fault after 4 rows (fail_after_rows)"
+    assert (f"actor {death['actor_id'][:8]} died once (Ray restarted it and retried its batches); "
+            f"last cause: {death['cause']}") in capsys.readouterr().out
+
+
+def poison_job(tiny_model: str, tmp_path: Path, *overrides: str) -> tuple[int, list[dict], str]:
+    """Nine demo rows, one of which kills its actor's process whenever its batch reaches the engine."""
+    source = demo_rows(9, start=500)
+    input_path = tmp_path / "prompts.jsonl"
+    input_path.write_text("".join(json.dumps(row) + "\n" for row in source))
+    output = tmp_path / "out"
+    code = run_job(tiny_model, output, "actors.actor_class=tests.fault_injection.ExitOnPrompt",
+                   f"actors.actor_options.exit_on_prompt={json.dumps(source[4]['prompt'])}", *overrides,
+                   input_path=input_path)
+    return code, source, str(output)
+
+
+def test_a_batch_that_kills_its_actor_every_time_gets_its_rows_flagged_and_the_rest_finish(
+        ray_cluster, tiny_model, tmp_path):
+    code, source, output = poison_job(tiny_model, tmp_path)
+    assert code == 0
+    rows = {r["id"]: r for r in read_outputs(Path(output))}
+    assert sorted(rows) == sorted(r["id"] for r in source)
+    flagged = [r for r in rows.values() if r["__inference_error__"]]
+    assert source[4]["id"] in {r["id"] for r in flagged} and len(flagged) <= 4  # one batch (batch_size 4)
+    for row in flagged:
+        assert "was running in 2 engine deaths and is not run again" in row["__inference_error__"]
+        assert "ended without reporting an error" in row["__inference_error__"]
+    assert all(r["finish_reason"] in ("eos", "length") for r in rows.values() if not r["__inference_error__"])
+    assert len(stats_of(Path(output))["actor_deaths"]) == 2
+
+
+def test_without_continue_on_error_a_batch_that_kills_its_actor_every_time_ends_the_job(
+        ray_cluster, tiny_model, tmp_path, caplog):
+    code, _, _ = poison_job(tiny_model, tmp_path, "should_continue_on_error=false")
+    assert code == 1
+    assert "was running in 2 engine deaths and is not run again" in caplog.text
+    assert "died 2 times" in caplog.text
 
 
 def test_job_that_fails_part_way_resumes_to_every_row_exactly_once(ray_cluster, tiny_model, tmp_path,
