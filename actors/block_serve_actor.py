@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from actors.actor_config import ActorConfig
 from actors.actor_stats import ActorStats
 from actors.batch_deaths import BatchGate, BatchIdentity, batch_identity, refusal_message
 from actors.batch_rows import Batch, input_rows, is_missing, with_columns
@@ -48,7 +49,7 @@ from actors.placement import current_placement
 from actors.row_outputs import RowError, output_columns, output_row, raise_first_error
 from actors.row_params import sampling_params_for_row
 from actors.stats_registry import RegistryClient
-from engine import BlockServeEngine, EngineConfig, RequestOutput, SamplingParams
+from engine import BlockServeEngine, RequestOutput, SamplingParams
 
 __all__ = ["BlockServeActor", "RowError"]
 
@@ -58,45 +59,30 @@ HEALTH_CHECK_S = 5.0  # how often a waiting batch asks whether the engine loop s
 
 
 class BlockServeActor:
-    def __init__(self, model: str = "tiny", engine: dict | None = None, sampling: dict | None = None,
-                 prompt_column: str = "prompt", messages_column: str = "messages",
-                 chat_template: bool = False, should_continue_on_error: bool = True,
-                 dtype: str = "float32", device: str | None = None, torch_threads: int | None = None,
-                 stall_timeout_s: float = 600.0, stats_actor: str | None = None, max_batch_deaths: int = 2):
-        """``engine``/``sampling``: EngineConfig / SamplingParams fields (unknown keys raise ValueError);
-        ``sort_pending`` defaults to False here (see below).
-        ``chat_template``: wrap a raw ``prompt`` string as one user message (``messages`` always gets
-        the template). ``device``: None picks CUDA when present. ``stall_timeout_s``: an engine that
-        has not completed a step for this long ends the actor's process (Ray restarts it, Ray Data
-        retries its batches); outside Ray the batch raises. ``max_batch_deaths``: with ``stats_actor``,
-        a batch that was running in this many engine deaths is refused (see the module's docstring)."""
-        if max_batch_deaths < 1:
-            raise ValueError(f"max_batch_deaths must be >= 1, got {max_batch_deaths}")
-        if torch_threads:
-            torch.set_num_threads(torch_threads)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model_name = str(model)
-        self.columns = {"messages": messages_column, "prompt": prompt_column, "sampling_params": "sampling_params"}
-        self.chat_template = chat_template
-        self.should_continue_on_error = should_continue_on_error
-        self.default_params = SamplingParams.from_dict(sampling or {})
-        # Admission in arrival order unless told otherwise: with length-sorted admission, rows of every
-        # in-flight batch interleave and all those batches finish together, leaving the engine empty
-        # while Ray Data hands over the next ones. In arrival order batches finish one by one, and the
-        # next batch is queued long before the engine runs dry. (The pipeline's batches each hold rows
-        # of similar length already.)
-        engine_config = EngineConfig.from_dict({"sort_pending": False, **(engine or {})})
-        self.engine = BlockServeEngine.from_pretrained(model, engine_config, device=self.device, dtype=dtype)
+    def __init__(self, config: ActorConfig | None = None, **settings: Any):
+        """``config``, or its fields as keyword arguments (``model="tiny", engine={...}``): see
+        :class:`~actors.actor_config.ActorConfig`. A setting that does not validate raises ValueError."""
+        if config is None or settings:
+            config = ActorConfig.model_validate({**(config.model_dump() if config else {}), **settings})
+        self.config = config
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        auto = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(auto if config.device == "auto" else config.device)
+        self.model_name = config.model
+        self.columns = {"messages": config.messages_column, "prompt": config.prompt_column,
+                        "sampling_params": "sampling_params"}
+        self.engine = BlockServeEngine.from_pretrained(config.model, config.engine, device=self.device,
+                                                       dtype=config.dtype)
         self.placement = current_placement()
         self.instance_id = uuid.uuid4().hex
-        self.max_batch_deaths = max_batch_deaths
         self.gate = BatchGate()
         self.registry = None
-        if stats_actor is not None:
-            self.registry = RegistryClient(stats_actor, self.actor_id, self.instance_id)
+        if config.stats_actor is not None:
+            self.registry = RegistryClient(config.stats_actor, self.actor_id, self.instance_id)
             self.registry.instance_started(self.restarted)
         self.utilization = UtilizationSampler(self.device)
-        self.loop = EngineLoop(self.engine, max_pending=None, stall_timeout_s=stall_timeout_s,
+        self.loop = EngineLoop(self.engine, max_pending=None, stall_timeout_s=config.stall_timeout_s,
                                on_step=lambda _: self.utilization.maybe_sample(),
                                on_death=self._end_process if self.in_ray_actor else None).start()
         self.stats = ActorStats()
@@ -128,7 +114,7 @@ class BlockServeActor:
         else:
             outputs = await self._serve_tracked(batch_identity(rows), rows, placement)
         self.stats.record(outputs)
-        if not self.should_continue_on_error:
+        if not self.config.should_continue_on_error:
             raise_first_error(outputs)
         if self.registry is not None:
             await self.registry.report(self.stats_snapshot())
@@ -142,7 +128,7 @@ class BlockServeActor:
         """The batch as the registry's ledger allows: refused after ``max_batch_deaths``, alone after
         one, beside other batches otherwise; running in the ledger while in the engine."""
         record = await self.registry.batch_record(batch)
-        if record.deaths >= self.max_batch_deaths:
+        if record.deaths >= self.config.max_batch_deaths:
             logger.error("%s", refusal_message(record))
             return [output_row(refusal_message(record), placement) for _ in rows]
         async with self.gate.enter(alone=record.deaths > 0):
@@ -183,9 +169,9 @@ class BlockServeActor:
         elif is_missing(prompt):
             return (f"missing prompt: neither {self.columns['messages']!r} nor {self.columns['prompt']!r} "
                     "is present and non-null")
-        elif self.chat_template and isinstance(prompt, str):
+        elif self.config.chat_template and isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
-        params = sampling_params_for_row(self.default_params, row.get("sampling_params"))
+        params = sampling_params_for_row(self.config.sampling, row.get("sampling_params"))
         return params if isinstance(params, str) else (prompt, params)
 
     async def _results(self, futures: list[asyncio.Future]) -> list[RequestOutput]:

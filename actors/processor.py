@@ -4,7 +4,7 @@
     from actors.processor import BlockServeProcessorConfig
 
     processor = build_processor(
-        BlockServeProcessorConfig(model_source="tiny", engine_kwargs={"block_length": 32},
+        BlockServeProcessorConfig(model_source="tiny", actor={"engine": {"block_length": 32}},
                                   concurrency=2, batch_size=32, accelerator_type=None),
         preprocess=lambda row: {"messages": [{"role": "user", "content": row["question"]}],
                                 "sampling_params": {"max_tokens": 128}},
@@ -47,35 +47,36 @@ check_ray_version()
 from ray.llm._internal.batch.processor.base import OfflineProcessorConfig, Processor, ProcessorBuilder  # noqa: E402  (after the version check)
 from ray.llm._internal.batch.stages.base import StatefulStage, StatefulStageUDF  # noqa: E402
 
+from actors.actor_config import ActorConfig  # noqa: E402
 from actors.batch_rows import INPUT_COLUMNS, input_rows  # noqa: E402
 
 DEFAULT_ACTOR_CLASS = "actors.block_serve_actor.BlockServeActor"
 
 
 class BlockServeProcessorConfig(OfflineProcessorConfig):
-    """Ray's offline processor config plus BlockServe's engine settings.
+    """Ray's offline processor config, plus the actor's settings and the resources of its pool.
 
-    Inherited from Ray: ``model_source`` ("tiny", a checkpoint directory or a hub id), ``batch_size``,
-    ``concurrency`` (actors; an int is a fixed pool), ``accelerator_type``, ``runtime_env``,
-    ``max_concurrent_batches``, ``should_continue_on_error``."""
+    Inherited from Ray: ``model_source`` ("tiny", a checkpoint directory or a hub id: the actor's
+    model), ``batch_size``, ``concurrency`` (actors; an int is a fixed pool), ``accelerator_type``,
+    ``runtime_env``, ``max_concurrent_batches``, ``should_continue_on_error`` (the actor's too)."""
 
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="EngineConfig fields")
-    sampling_params: dict[str, Any] = Field(
-        default_factory=dict, description="default SamplingParams; a row's sampling_params override")
-    chat_template: bool = Field(False, description="wrap a raw `prompt` string as one user message")
-    dtype: str = "float32"
-    device: str | None = Field(None, description="None: CUDA when the actor has a GPU")
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="the actor's settings "
+                               "(actors/actor_config.py); its model is model_source")
     num_gpus_per_actor: float = Field(0.0, ge=0.0, description="0 on CPU clusters; 1 per engine on GPUs")
-    num_cpus_per_actor: float = Field(1.0, gt=0.0)
-    torch_threads: int | None = None
-    stats_actor: str | None = Field(None, description="a StatsRegistry name to report to")
+    num_cpus_per_actor: float = Field(1.0, gt=0.0, description="CPUs per actor")
     max_restarts: int = Field(8, ge=0, description="times Ray restarts an actor whose process died; then "
                               "its batches fail the job")
     max_task_retries: int = Field(4, ge=0, description="times Ray retries a batch whose actor died")
     actor_options: dict[str, Any] = Field(
-        default_factory=dict, description="other BlockServeActor arguments (stall_timeout_s, ...)")
+        default_factory=dict, description="arguments of an actor_class subclass beyond ActorConfig's")
     actor_class: str = Field(DEFAULT_ACTOR_CLASS, description="import path of the stage's actor: "
-                             "BlockServeActor or a subclass (the tests' fault-injecting wrapper is one)")
+                             "BlockServeActor or a subclass (the tests' fault-injecting wrappers are some)")
+
+    @property
+    def actor_settings(self) -> ActorConfig:
+        """``actor`` with Ray's ``model_source`` and ``should_continue_on_error`` filled in."""
+        return self.actor.model_copy(update={"model": self.model_source,
+                                             "should_continue_on_error": self.should_continue_on_error})
 
     @field_validator("actor_class")
     @classmethod
@@ -103,9 +104,9 @@ class BlockServeStageUDF(StatefulStageUDF):
     its ``map_batches`` door (``__call__``) calls."""
 
     def __init__(self, data_column: str, expected_input_keys: list[str], actor_class_path: str,
-                 **actor_kwargs: Any):
+                 config: ActorConfig, **actor_options: Any):
         super().__init__(data_column, expected_input_keys)
-        self.actor = actor_class(actor_class_path)(**actor_kwargs)
+        self.actor = actor_class(actor_class_path)(config=config, **actor_options)
 
     async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         outputs = await self.actor.generate_rows(input_rows(batch))
@@ -124,11 +125,8 @@ def build_blockserve_processor(config: BlockServeProcessorConfig, preprocess=Non
                                preprocess_map_kwargs: dict | None = None,
                                postprocess_map_kwargs: dict | None = None) -> Processor:
     stage = BlockServeStage(
-        fn_constructor_kwargs=dict(
-            actor_class_path=config.actor_class, model=config.model_source, engine=config.engine_kwargs,
-            sampling=config.sampling_params, chat_template=config.chat_template,
-            should_continue_on_error=config.should_continue_on_error, dtype=config.dtype, device=config.device,
-            torch_threads=config.torch_threads, stats_actor=config.stats_actor, **config.actor_options),
+        fn_constructor_kwargs=dict(actor_class_path=config.actor_class, config=config.actor_settings,
+                                   **config.actor_options),
         map_batches_kwargs=dict(
             zero_copy_batch=True,
             compute=ray.data.ActorPoolStrategy(

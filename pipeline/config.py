@@ -1,9 +1,9 @@
 """The job's configuration: one pydantic model validates the YAML file and the ``--set`` overrides.
 
 Every section forbids unknown keys, and every problem is reported with the key's dotted path and the
-file it came from, e.g. ``configs/x.yaml: engine.block_lenght: unknown key``. The ``engine`` and
-``sampling`` sections are the engine's own ``EngineConfig`` / ``SamplingParams`` dataclasses (pydantic
-validates their fields and rejects unknown ones), so their checks live in one place.
+file it came from, e.g. ``configs/x.yaml: engine.block_lenght: unknown key``. The top level holds the
+actor's own settings (:class:`~actors.actor_config.ActorConfig`: model, dtype, engine, sampling, ...),
+so a job hands them to its actors unchanged; ``actors`` sizes the pool, ``bucketing`` groups prompts.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine import EngineConfig, SamplingParams
+from actors.actor_config import ActorConfig
 
 
 class ConfigError(ValueError):
@@ -25,23 +25,30 @@ class _Section(BaseModel):
 
 
 class ActorsConfig(_Section):
-    num_actors: int | None = Field(None, ge=1)  # None: one per GPU in the cluster (GPU) or 1 (CPU)
-    num_gpus: float = Field(0.0, ge=0)  # per actor; 0 means CPU actors
-    num_cpus: float = Field(1.0, gt=0)  # per actor; keep below the node's cores so reads can run
-    batch_size: int = Field(64, ge=1)  # rows per Ray Data batch handed to an actor
-    max_concurrent_batches: int = Field(4, ge=1)  # batches one actor holds in flight (one engine)
-    torch_threads: int | None = Field(None, ge=1)  # CPU actors: intra-op threads (None: Ray's default)
-    startup_timeout_s: int = Field(600, ge=1)  # wait this long for every actor to load its model
-    max_restarts: int = Field(8, ge=0)  # Ray restarts an actor whose process died this often, then fails
-    max_task_retries: int = Field(4, ge=0)  # Ray retries a batch whose actor died this often
-    actor_class: str | None = None  # import path of a BlockServeActor subclass; None: BlockServeActor
-    actor_options: dict[str, Any] = Field(default_factory=dict)  # more constructor arguments of the actor
+    num_actors: int | None = Field(None, ge=1, description="None: one per GPU of the cluster (GPU actors) "
+                                   "or 1 (CPU actors)")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per actor; 0 means CPU actors")
+    num_cpus: float = Field(1.0, gt=0, description="CPUs per actor; keep it below the node's cores so "
+                            "reads can run")
+    batch_size: int = Field(64, ge=1, description="rows per Ray Data batch handed to an actor")
+    max_concurrent_batches: int = Field(4, ge=1, description="batches one actor holds in flight, sharing "
+                                        "its engine")
+    startup_timeout_s: int = Field(600, ge=1, description="how long the job waits for every actor to "
+                                   "load its model")
+    max_restarts: int = Field(8, ge=0, description="how often Ray restarts an actor whose process died; "
+                              "then its batches fail the job")
+    max_task_retries: int = Field(4, ge=0, description="how often Ray retries a batch whose actor died")
+    actor_class: str | None = Field(None, description="import path of a BlockServeActor subclass; None: "
+                                    "BlockServeActor")
+    actor_options: dict[str, Any] = Field(default_factory=dict, description="arguments of an actor_class "
+                                          "subclass beyond the actor's settings")
 
 
 class BucketingConfig(_Section):
-    enabled: bool = True
-    edges: list[int] | None = None  # prompt-length boundaries (tokens); None: quantiles of the data
-    num_buckets: int = Field(4, ge=1)  # used when edges is None
+    enabled: bool = Field(True, description="group rows of similar prompt length into the same batches")
+    edges: list[int] | None = Field(None, description="prompt-length boundaries in tokens, strictly "
+                                    "increasing; None: quantiles of the data")
+    num_buckets: int = Field(4, ge=1, description="buckets when edges is None")
 
     @field_validator("edges")
     @classmethod
@@ -51,38 +58,24 @@ class BucketingConfig(_Section):
         return edges
 
 
-class PipelineConfig(_Section):
-    model: str = "tiny"  # "tiny", a local checkpoint directory or a Hugging Face hub id
-    dtype: str = "float32"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    input: str  # local path or pyarrow-filesystem URI (s3://, gs://, ...); file or directory
-    input_format: Literal["auto", "jsonl", "parquet", "csv"] = "auto"
-    output: str  # directory or URI; outputs/ (parquet), stats.json and stats.png go under it
-    limit: int | None = Field(None, ge=1)  # first N input rows only
-    prompt_column: str = "prompt"
-    id_column: str = "id"  # resume key; generated from the row's content when the input lacks it
-    chat_template: bool = False  # wrap a raw-text prompt as one user chat message (a chat always gets it)
-    should_continue_on_error: bool = True  # a bad row gets __inference_error__; False: it fails the job
-    overwrite: bool = False  # True: delete earlier outputs instead of resuming from them
-    engine: EngineConfig = EngineConfig(sort_pending=False)
-    sampling: SamplingParams = SamplingParams()
+class PipelineConfig(ActorConfig):
+    input: str = Field(description="a local path or pyarrow-filesystem URI (s3://, gs://, ...), file or "
+                       "directory")
+    input_format: Literal["auto", "jsonl", "parquet", "csv"] = Field("auto", description="auto: from the "
+                                                                     "file name")
+    output: str = Field(description="a directory or URI; outputs/ (parquet), stats.json and stats.png go "
+                        "under it")
+    limit: int | None = Field(None, ge=1, description="the first N input rows only")
+    id_column: str = Field("id", description="the resume key; generated from the row's content when the "
+                           "input lacks it")
+    overwrite: bool = Field(False, description="delete earlier outputs instead of resuming from them")
     actors: ActorsConfig = ActorsConfig()
     bucketing: BucketingConfig = BucketingConfig()
 
-    @field_validator("engine", mode="before")
-    @classmethod
-    def _arrival_order_admission(cls, value: object) -> object:
-        """Same default as BlockServeActor: batches arrive bucketed by length, and admitting them in
-        arrival order lets them finish one by one (see actors/block_serve_actor.py)."""
-        return {"sort_pending": False, **value} if isinstance(value, dict) else value
-
-    @field_validator("sampling")
-    @classmethod
-    def _sampling_valid(cls, value: SamplingParams) -> SamplingParams:
-        problem = value.validation_error()  # the engine reports these per request; a config must be right
-        if problem:
-            raise ValueError(problem)
-        return value
+    @property
+    def actor_settings(self) -> ActorConfig:
+        """The actor's settings, as the job's top level holds them."""
+        return ActorConfig.model_validate({name: getattr(self, name) for name in ActorConfig.model_fields})
 
     @model_validator(mode="after")
     def _device_matches_resources(self) -> PipelineConfig:

@@ -14,7 +14,6 @@ is restarted by Ray and its unfinished blocks are retried, so every row is still
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -96,13 +95,10 @@ def processor_config(config: PipelineConfig, num_actors: int, registry_name: str
     from actors.processor import BlockServeProcessorConfig
 
     return BlockServeProcessorConfig(
-        model_source=config.model, engine_kwargs=config.engine.to_dict(),
-        sampling_params=dataclasses.asdict(config.sampling), chat_template=config.chat_template,
-        should_continue_on_error=config.should_continue_on_error, dtype=config.dtype,
-        device=None if config.device == "auto" else config.device, concurrency=num_actors,
+        model_source=config.model, actor=config.actor_settings.model_copy(update={"stats_actor": registry_name}),
+        should_continue_on_error=config.should_continue_on_error, concurrency=num_actors,
         batch_size=config.actors.batch_size, max_concurrent_batches=config.actors.max_concurrent_batches,
         num_gpus_per_actor=config.actors.num_gpus, num_cpus_per_actor=config.actors.num_cpus,
-        torch_threads=config.actors.torch_threads, stats_actor=registry_name,
         max_restarts=config.actors.max_restarts, max_task_retries=config.actors.max_task_retries,
         actor_options=config.actors.actor_options,
         **({"actor_class": config.actors.actor_class} if config.actors.actor_class else {}))

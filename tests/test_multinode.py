@@ -46,7 +46,7 @@ SCENARIO_TIMEOUT_S = 840  # a safety net, not a bar: the scenario's fixture took
 def job_args(model: str, input_path: Path, output: Path) -> list[str]:
     overrides = [f"model={model}", "sampling.max_new_tokens=32", "limit=null",
                  "actors.num_gpus=1", "actors.num_actors=null",  # null: one actor per GPU of the cluster
-                 "actors.num_cpus=0.25", "actors.torch_threads=1", f"actors.batch_size={BATCH_SIZE}",
+                 "actors.num_cpus=0.25", "torch_threads=1", f"actors.batch_size={BATCH_SIZE}",
                  "actors.max_concurrent_batches=2", "actors.startup_timeout_s=300",
                  f"bucketing.num_buckets={NUM_BUCKETS}"]
     return ["--config", str(TINY_CONFIG), "--input", str(input_path), "--output", str(output)] + [

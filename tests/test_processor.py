@@ -35,8 +35,8 @@ def test_processor_rows_carry_rays_columns_and_equal_engine_generate(ray_cluster
         return {"messages": chat(row["question"]), "question": row["question"],
                 "sampling_params": {"max_tokens": 32 if row["id"] % 2 else 64}}
 
-    config = BlockServeProcessorConfig(model_source=tiny_model, engine_kwargs=ENGINE, concurrency=1,
-                                       batch_size=4, num_cpus_per_actor=0.5, torch_threads=1,
+    config = BlockServeProcessorConfig(model_source=tiny_model, actor={"engine": ENGINE, "torch_threads": 1},
+                                       concurrency=1, batch_size=4, num_cpus_per_actor=0.5,
                                        should_continue_on_error=True)
     processor = build_processor(
         config, preprocess=preprocess,

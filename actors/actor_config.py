@@ -1,0 +1,70 @@
+"""The settings of one BlockServeActor, defined once.
+
+The three ways to build actors read this one type: ``BlockServeActor(**fields)`` in ``map_batches``,
+``BlockServeProcessorConfig.actor`` in ``build_processor``, and the top level of the pipeline's YAML
+(``PipelineConfig`` extends it). A new actor setting is a field here and its use in the actor.
+"""
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from engine import EngineConfig, SamplingParams
+
+
+def offline_engine_config(**fields: object) -> EngineConfig:
+    """An engine for batches: admission in arrival order (``sort_pending=False``) unless told otherwise.
+
+    Length-sorted admission interleaves the rows of every batch in flight, so those batches all finish
+    together and the engine runs dry while Ray Data hands over the next ones. In arrival order
+    batches finish one by one; the pipeline's batches already hold rows of similar length."""
+    return EngineConfig.from_dict({"sort_pending": False, **fields})
+
+
+class ActorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field("tiny", description='"tiny", a local checkpoint directory or a Hugging Face hub id')
+    dtype: str = Field("float32", description="weights and activations: float32, bfloat16, float16")
+    device: str = Field("auto", description="auto: CUDA when the actor has a GPU, else the CPU; or a torch "
+                        "device such as cpu, cuda, cuda:1")
+    engine: EngineConfig = Field(default_factory=offline_engine_config,
+                                 description="EngineConfig fields; sort_pending defaults to False here")
+    sampling: SamplingParams = Field(default_factory=SamplingParams,
+                                     description="default SamplingParams; a row's sampling_params override them")
+    chat_template: bool = Field(False, description="wrap a raw-text prompt as one user message "
+                                "(a messages column always gets the template)")
+    should_continue_on_error: bool = Field(True, description="a bad row gets `__inference_error__`; "
+                                           "False: it fails its batch")
+    prompt_column: str = Field("prompt", description="the column of raw text or token ids")
+    messages_column: str = Field("messages", description="the column of chats")
+    torch_threads: int | None = Field(None, ge=1, description="CPU actors: intra-op threads (None: torch's)")
+    stall_timeout_s: float = Field(600.0, gt=0, description="an engine without a completed step for this "
+                                   "long ends the actor's process (Ray restarts it)")
+    stats_actor: str | None = Field(None, description="name of the job's StatsRegistry to report to")
+    max_batch_deaths: int = Field(2, ge=1, description="with stats_actor: a batch running in this many "
+                                  "engine deaths is not run again (actors/batch_deaths.py)")
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _torch_device(cls, value: object) -> object:
+        if value is None or value == "auto":
+            return "auto"
+        try:
+            torch.device(value)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"not 'auto' nor a torch device: {error}") from None
+        return value
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _offline_defaults(cls, value: object) -> object:
+        return {"sort_pending": False, **value} if isinstance(value, dict) else value
+
+    @field_validator("sampling")
+    @classmethod
+    def _sampling_valid(cls, value: SamplingParams) -> SamplingParams:
+        problem = value.validation_error()  # the engine reports these per request; a config must be right
+        if problem:
+            raise ValueError(problem)
+        return value
