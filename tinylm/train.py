@@ -25,6 +25,7 @@ and plain masking. Then:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import random
@@ -104,9 +105,10 @@ class Progress:
     rewarm_from: int | None = None  # a resume with fresh optimizer moments ramps the lr up again
 
 
-def save_state(path: Path, model, optimizer, rng, progress: Progress) -> None:
+def save_state(path: Path, model, optimizer, rng, progress: Progress, averaged=None) -> None:
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.getstate(),
-                "torch_rng": torch.get_rng_state(), **asdict(progress)}, path.with_suffix(".tmp"))
+                "torch_rng": torch.get_rng_state(), **asdict(progress),
+                **({"averaged": averaged.state_dict()} if averaged is not None else {})}, path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
 
 
@@ -163,6 +165,9 @@ def parse_args() -> argparse.Namespace:
                         help="validation prompts scored at each selection")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--average", type=float, default=0.0,
+                        help="decay of an exponential moving average of the weights (e.g. 0.999); "
+                             "validation and export use the average. 0: the weights as trained")
     return parser.parse_args()
 
 
@@ -188,6 +193,20 @@ def continue_record(record_file: Path) -> Progress:
     record = json.loads(record_file.read_text())
     return Progress(record["steps"], record["wall_hours"] * 3600, record["cpu_hours"] * 3600,
                     record["validation"], record["history"], rewarm_from=record["steps"])
+
+
+def weight_average(model: BidirectionalTransformer, decay: float, state_file: Path):
+    """A copy of ``model`` that follows its weights as an exponential moving average (None: decay 0).
+    Resumed from the state file when it holds one; the checkpoint's sharp minimum-to-minimum swings
+    between validations average out."""
+    if decay <= 0:
+        return None
+    averaged = copy.deepcopy(model).eval().requires_grad_(False)
+    if state_file.is_file():
+        state = torch.load(state_file, weights_only=False, map_location="cpu")
+        if "averaged" in state:
+            averaged.load_state_dict(state["averaged"])
+    return averaged
 
 
 def build_model(args: argparse.Namespace, tokenizer) -> BidirectionalTransformer:
@@ -256,12 +275,16 @@ def main() -> None:
     # bf16 autocast on CUDA only: on this project's AMD CPUs bf16 matmuls are ~8x slower than float32.
     autocast = torch.autocast(device_type=torch.device(args.device).type, dtype=torch.bfloat16,
                               enabled=torch.device(args.device).type == "cuda")
+    averaged = weight_average(model, args.average, state_file)
+    scored = averaged if averaged is not None else model
     while progress.step < args.steps and time.time() < budget_end:
         batch = tuple(t.to(args.device) for t in make_batch(rng, tokenizer, excluded, ids, args.batch_size, mixture))
         lr = learning_rate(progress.step, progress.step / args.steps, args.lr)
         if progress.rewarm_from is not None:
             lr *= min(1.0, (progress.step - progress.rewarm_from + 1) / REWARM_STEPS)
         loss = train_step(model, optimizer, autocast, batch, lr)
+        if averaged is not None:
+            torch._foreach_lerp_(list(averaged.parameters()), list(model.parameters()), 1.0 - args.average)
         progress.step += 1
         running_loss = loss.item() if running_loss is None else 0.98 * running_loss + 0.02 * loss.item()
         if progress.step % 50 == 0:
@@ -270,14 +293,14 @@ def main() -> None:
                   f"{progress.elapsed / 60:.1f} min {progress.cpu_seconds / 3600:.3f} CPU-h", flush=True)
         if progress.step % args.validate_every == 0:
             model.eval()
-            validate(model, tokenizer, args, ids, validation, progress)
+            validate(scored, tokenizer, args, ids, validation, progress)
             model.train()
             account()
-            save_state(state_file, model, optimizer, rng, progress)
+            save_state(state_file, model, optimizer, rng, progress, averaged)
     if not progress.history or progress.history[-1]["step"] != progress.step:
-        validate(model.eval(), tokenizer, args, ids, validation, progress)
+        validate(scored.eval(), tokenizer, args, ids, validation, progress)
     account()
-    save_state(state_file, model, optimizer, rng, progress)
+    save_state(state_file, model, optimizer, rng, progress, averaged)
     print(f"done: {progress.step} steps, loss {running_loss}, best {progress.best}", flush=True)
 
 
