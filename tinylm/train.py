@@ -25,13 +25,12 @@ and plain masking. Then:
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -42,6 +41,7 @@ from engine.models.transformer import BidirectionalTransformer
 from tinylm.evaluate import SHIPPED_DECODING, evaluate_model, selection_score
 from tinylm.export import llada_config_json, save_checkpoint
 from tinylm.mixtures import MIXTURES, TokenIds, make_batch
+from tinylm.progress import Progress, continue_record, resume, save_state, training_record, weight_average
 from tinylm.tasks import MAX_NUMBER, VALIDATION_SIZE, define_splits, example_key, write_jsonl
 from tinylm.tokenizer import BOS, EOS, MASK, save_tokenizer
 
@@ -94,31 +94,6 @@ def export(model: BidirectionalTransformer, tokenizer, out: Path, ids: TokenIds)
         {"bos_token_id": ids.bos, "eos_token_id": ids.eos, "pad_token_id": ids.eos}) + "\n")
 
 
-@dataclass
-class Progress:
-    """What accumulates across sessions: steps, wall and CPU time, the best validation, the curve."""
-    step: int = 0
-    elapsed: float = 0.0
-    cpu_seconds: float = 0.0
-    best: dict = field(default_factory=dict)
-    history: list = field(default_factory=list)
-    rewarm_from: int | None = None  # a resume with fresh optimizer moments ramps the lr up again
-
-
-def save_state(path: Path, model, optimizer, rng, progress: Progress, averaged=None) -> None:
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng.getstate(),
-                "torch_rng": torch.get_rng_state(), **asdict(progress),
-                **({"averaged": averaged.state_dict()} if averaged is not None else {})}, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
-
-
-def training_record(progress: Progress, args) -> dict:
-    return {"steps": progress.step, "cpu_hours": round(progress.cpu_seconds / 3600, 3),
-            "wall_hours": round(progress.elapsed / 3600, 3), "mixture": args.mixture,
-            "batch_size": args.batch_size, "decoding": args.decoding, "validation": progress.best,
-            "history": progress.history}
-
-
 def validate(model, tokenizer, args, ids: TokenIds, validation: list, progress: Progress) -> None:
     """Export a candidate, score it as shipped (bf16 weights read back), keep it if it is the best."""
     from engine.models import load_model
@@ -133,8 +108,10 @@ def validate(model, tokenizer, args, ids: TokenIds, validation: list, progress: 
     print(f"validation at step {progress.step}: exact {report['exact_match']:.1%} right block "
           f"{report['right_block']:.1%} blocks {report['decoded_blocks_histogram']} "
           f"({report['seconds']:.0f} s)", flush=True)
-    if score > progress.best.get("score", float("-inf")):
+    better = score > progress.best.get("score", float("-inf"))
+    if better:
         progress.best = {"score": score, **{k: v for k, v in point.items() if k != "blocks"}}
+    if better or not published(args.out):  # an empty --out takes the model as it stands
         staging = args.out.with_name(args.out.name + ".staging")
         shutil.rmtree(staging, ignore_errors=True)
         shutil.copytree(candidate, staging)
@@ -143,6 +120,10 @@ def validate(model, tokenizer, args, ids: TokenIds, validation: list, progress: 
         staging.replace(args.out)
         print(f"  new best: exported to {args.out}", flush=True)
     (args.work / "training.json").write_text(json.dumps(training_record(progress, args), indent=2) + "\n")
+
+
+def published(out: Path) -> bool:
+    return (out / "model.safetensors").is_file()
 
 
 def parse_args() -> argparse.Namespace:
@@ -171,42 +152,18 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def resume(state_file: Path, model, optimizer, rng: random.Random) -> Progress:
-    # Loaded on the CPU: the RNG state must stay a CPU tensor; model and optimizer copy to their device.
-    state = torch.load(state_file, weights_only=False, map_location="cpu")
-    model.load_state_dict(state["model"])
-    try:
-        optimizer.load_state_dict(state["optimizer"])
-        fresh_optimizer = False
-    except ValueError as error:  # the model's parameter layout changed (e.g. fused projections)
-        print(f"optimizer state not reusable ({error}); fresh moments, lr re-warmed", flush=True)
-        fresh_optimizer = True
-    rng.setstate(state["rng"])
-    torch.set_rng_state(state["torch_rng"])
-    return Progress(state["step"], state["elapsed"], state.get("cpu_seconds", 0.0), state.get("best", {}),
-                    state.get("history", []), rewarm_from=state["step"] if fresh_optimizer else None)
-
-
-def continue_record(record_file: Path) -> Progress:
-    """A warm start from a shipped checkpoint continues its curve: its steps, hours and best score are
-    carried over, so the schedule resumes where it stopped and only a better model replaces it."""
-    record = json.loads(record_file.read_text())
-    return Progress(record["steps"], record["wall_hours"] * 3600, record["cpu_hours"] * 3600,
-                    record["validation"], record["history"], rewarm_from=record["steps"])
-
-
-def weight_average(model: BidirectionalTransformer, decay: float, state_file: Path):
-    """A copy of ``model`` that follows its weights as an exponential moving average (None: decay 0).
-    Resumed from the state file when it holds one; the checkpoint's sharp minimum-to-minimum swings
-    between validations average out."""
-    if decay <= 0:
-        return None
-    averaged = copy.deepcopy(model).eval().requires_grad_(False)
+def starting_point(args: argparse.Namespace, state_file: Path, model, optimizer) -> tuple[Progress, random.Random]:
+    """Resume the work directory's state, else continue ``--init``'s record, else start at step 0."""
     if state_file.is_file():
-        state = torch.load(state_file, weights_only=False, map_location="cpu")
-        if "averaged" in state:
-            averaged.load_state_dict(state["averaged"])
-    return averaged
+        progress = resume(state_file, model, optimizer, rng := random.Random(args.seed))
+        print(f"resumed at step {progress.step} ({progress.elapsed / 60:.1f} min trained, "
+              f"best {progress.best})", flush=True)
+        return progress, rng
+    if args.init is not None and (args.init / "training.json").is_file():
+        progress = continue_record(args.init / "training.json")
+        print(f"continuing {args.init}'s record at step {progress.step}, fresh optimizer moments", flush=True)
+        return progress, random.Random(f"{args.seed}-{progress.step}")  # not the record's first examples
+    return Progress(), random.Random(args.seed)
 
 
 def build_model(args: argparse.Namespace, tokenizer) -> BidirectionalTransformer:
@@ -251,16 +208,8 @@ def main() -> None:
                    bos=tokenizer.convert_tokens_to_ids(BOS))
     model = build_model(args, tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    rng, progress = random.Random(args.seed), Progress()
     state_file = args.work / "state.pt"
-    if state_file.is_file():
-        progress = resume(state_file, model, optimizer, rng)
-        print(f"resumed at step {progress.step} ({progress.elapsed / 60:.1f} min trained, "
-              f"best {progress.best})", flush=True)
-    elif args.init is not None and (args.init / "training.json").is_file():
-        progress = continue_record(args.init / "training.json")
-        rng = random.Random(f"{args.seed}-{progress.step}")  # not the examples of the record's first steps
-        print(f"continuing {args.init}'s record at step {progress.step}, fresh optimizer moments", flush=True)
+    progress, rng = starting_point(args, state_file, model, optimizer)
     args.work.mkdir(parents=True, exist_ok=True)
     mixture = MIXTURES[args.mixture]
     wall, cpu, running_loss = time.time(), time.process_time(), None
@@ -297,7 +246,7 @@ def main() -> None:
             model.train()
             account()
             save_state(state_file, model, optimizer, rng, progress, averaged)
-    if not progress.history or progress.history[-1]["step"] != progress.step:
+    if not progress.history or progress.history[-1]["step"] != progress.step or not published(args.out):
         validate(scored.eval(), tokenizer, args, ids, validation, progress)
     account()
     save_state(state_file, model, optimizer, rng, progress, averaged)
