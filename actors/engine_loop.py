@@ -12,10 +12,9 @@ Stall detection (``health_problem``), backpressure (``max_pending``, None for un
 idle accounting serve both. A step that raises (a CUDA error) ends the loop: its requests fail with
 :class:`EngineDeadError` and ``health_problem`` says why (Serve's health check replaces the replica);
 ``on_death`` runs first, on the loop thread (a Ray Data actor ends its process there, so that Ray
-restarts it and retries its batches). ``batching="static"`` turns the loop into the classic static
-batcher used as the baseline: the engine's ``static`` schedule runs each batch to completion, and a new
-batch starts once ``max_batch_size`` requests are waiting or the oldest has waited
-``static_batch_timeout_s``.
+restarts it and retries its batches). The engine says when its next step may run
+(``BlockServeEngine.wait_s``): a ``static`` schedule with ``static_batch_timeout_s`` holds a batch back
+until it is full or its oldest request has waited that long, and the loop sleeps meanwhile.
 """
 from __future__ import annotations
 
@@ -30,12 +29,11 @@ from dataclasses import dataclass
 
 from actors.request_stream import BlockEvent, RequestStream
 from engine import BlockServeEngine, EngineStats, RequestOutput, SamplingParams
-from engine.engine import StepReport
+from engine.outputs import StepReport
 from engine.prompts import Prompt
 
 logger = logging.getLogger(__name__)
 
-BATCHING_MODES = ("continuous", "static")
 HEARTBEAT_S = 0.5  # an idle loop still wakes this often, so a silent loop means a stuck one
 
 
@@ -72,20 +70,12 @@ class AbortRequest:  # inbox command: drop it (a running row leaves at the next 
 
 
 class EngineLoop:
-    def __init__(self, engine: BlockServeEngine, *, batching: str = "continuous",
-                 static_batch_timeout_s: float = 0.05, max_pending: int | None = 64,
+    def __init__(self, engine: BlockServeEngine, *, max_pending: int | None = 64,
                  stall_timeout_s: float = 120.0, on_step: Callable[[StepSummary], None] | None = None,
                  on_death: Callable[[BaseException], None] | None = None):
-        if batching not in BATCHING_MODES:
-            raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
-        if batching == "static" and engine.config.schedule != "static":
-            raise ValueError("batching='static' needs an engine with schedule='static' (runs each batch "
-                             f"to completion), got schedule={engine.config.schedule!r}")
         if max_pending is not None and max_pending < 1:
             raise ValueError(f"max_pending must be >= 1 or None (unbounded), got {max_pending}")
         self.engine = engine
-        self.batching = batching
-        self.static_batch_timeout_s = static_batch_timeout_s
         self.max_pending = max_pending
         self.stall_timeout_s = stall_timeout_s
         self.on_step = on_step
@@ -224,18 +214,12 @@ class EngineLoop:
             self._idle_since = None
 
     def _wait_before_step(self) -> float:
-        """Seconds to wait before the next step: idle, or a static batcher still collecting a batch."""
+        """Seconds to wait before the next step: idle, or the engine holding its step back."""
         if not self.engine.has_unfinished_requests():
             if self._idle_since is None and self.first_submit_time is not None:
                 self._idle_since = time.time()
             return HEARTBEAT_S
-        collecting = (self.batching == "static" and self.engine.num_running == 0
-                      and 0 < self.engine.num_pending < self.engine.config.max_batch_size)
-        if not collecting:
-            return 0.0
-        with self._wakeup:
-            oldest = next(iter(self._waiting.values()), time.time())
-        return oldest + self.static_batch_timeout_s - time.time()
+        return self.engine.wait_s(time.time())
 
     def _step(self) -> None:
         report = self.engine.step()

@@ -12,7 +12,7 @@ protocol and the handlers are plain Python (``engine_loop``, ``openai_protocol``
 # must see real classes (not strings) in their signatures to read the JSON body.
 import asyncio
 import logging
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
@@ -45,8 +45,6 @@ class ServeAppConfig(BaseModel):
     device: str = "cpu"
     dtype: str = "float32"
     engine: dict[str, Any] = Field(default_factory=dict)  # EngineConfig fields
-    batching: Literal["continuous", "static"] = "continuous"  # static: the baseline batcher
-    static_batch_timeout_s: float = Field(0.05, ge=0)
     max_pending: int = Field(64, ge=1)  # waiting requests per replica before 429
     max_tokens_limit: int | None = Field(None, ge=1)  # None: the longest canvas the model fits
     default_max_tokens: int = Field(128, ge=1)
@@ -63,11 +61,14 @@ class ServeAppConfig(BaseModel):
         EngineConfig.from_dict(value)  # raises ValueError naming the bad key or value
         return value
 
-    @model_validator(mode="after")
-    def _static_batching_runs_static_schedule(self) -> "ServeAppConfig":
-        if self.batching == "static" and self.engine.get("schedule") != "static":
-            raise ValueError("batching: 'static' needs engine.schedule: 'static' (batches run to the end)")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _static_batcher_is_an_engine_schedule(cls, values: Any) -> Any:
+        moved = sorted({"batching", "static_batch_timeout_s"} & set(values if isinstance(values, dict) else ()))
+        if moved:
+            raise ValueError(f"{moved} are gone: the static batcher is engine.schedule: 'static' with "
+                             "engine.static_batch_timeout_s")
+        return values
 
     @property
     def name(self) -> str:
@@ -130,9 +131,7 @@ class BlockServeOpenAI:
         engine = BlockServeEngine.from_pretrained(self.config.model, self.config.engine_config(),
                                                   device=self.config.device, dtype=self.config.dtype)
         self.metrics = ServeMetrics(self.config.name)
-        self.loop = EngineLoop(engine, batching=self.config.batching,
-                               static_batch_timeout_s=self.config.static_batch_timeout_s,
-                               max_pending=self.config.max_pending,
+        self.loop = EngineLoop(engine, max_pending=self.config.max_pending,
                                stall_timeout_s=self.config.stall_timeout_s,
                                on_step=self.metrics.record_step).start()
         self.metrics.watch(self.loop)  # live queue / health gauges between engine steps

@@ -10,7 +10,7 @@ alternative the mode does not take: it leaves no padded row off, but it no longe
 bf16 SDPA, so a peer's own bf16 decoding differs; the mode's per-row attention over the row's own keys
 is the call the row makes alone, so it differs in nothing by construction). Then both modes run
 the same HumanEval replay (``benchmarks.replay``: the tiny model in bf16, steered to
-HumanEval's answer lengths, the ``step`` schedule), interleaved round by round; per round the ratio.
+HumanEval's answer lengths, the ``continuous`` schedule), interleaved round by round; per round the ratio.
 
 What the mode changes on a GPU is host work: a row's attention and its GEMMs are its own calls
 (per row per layer: a few views, one SDPA, q/k/v, o and the MLP; per step: the logits). The

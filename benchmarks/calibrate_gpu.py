@@ -10,8 +10,8 @@ from benchmarks.calibration_fit import calibration_rows, fit_constants
 from benchmarks.hardware import DEVICES, MODELS
 from benchmarks.projection import forward_cost, load_constants
 from engine.models.config import TransformerConfig
-from engine.models.kv_arena import KVArena
-from engine.models.loader import TINY_MODEL_DIR, DiffusionLM, SpecialTokens, load_tokenizer
+from engine.models.kv_cache import KVCache
+from engine.models.loader import TINY_MODEL_DIR, DiffusionLM, SpecialTokenIds, load_tokenizer
 from engine.models.step_inputs import RefreshPart, WindowPart
 from engine.models.transformer import BidirectionalTransformer
 from engine.trace import ForwardRecord
@@ -41,48 +41,42 @@ def random_lm(name: str, config: TransformerConfig, mask_id: int, eos_id: int, l
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     model.eval().requires_grad_(False)
-    tokens = SpecialTokens(mask_id=mask_id, eos_id=eos_id, pad_id=eos_id, stop_ids=(eos_id,))
+    special_ids = SpecialTokenIds(mask_id=mask_id, eos_id=eos_id, pad_id=eos_id, stop_ids=(eos_id,))
     return DiffusionLM(name=name, family="llada" if logit_shift == 0 else "dream", model=model,
-                       tokenizer=load_tokenizer(TINY_MODEL_DIR), tokens=tokens, logit_shift=logit_shift,
+                       tokenizer=load_tokenizer(TINY_MODEL_DIR), special_ids=special_ids, logit_shift=logit_shift,
                        max_length=config.max_position_embeddings)
 
 
-def _parts(lm: DiffusionLM, refresh_rows: int, window_rows: int, width: int, scattered: bool):
-    """A packed step's two parts over an arena whose slots hold rows of ``width`` (consecutive or every
-    other slot), and the trace record the engine would write for it."""
-    device, spacing = lm.device, 2 if scattered else 1
-    slots = (refresh_rows + window_rows) * spacing
-    arena = KVArena(lm.model.config, slots, width, lm.dtype, device)
-    arena.key_mask[:, :width] = True
-    tokens = torch.randint(0, 100, (refresh_rows + window_rows, width), device=device)
-    positions = torch.arange(width, device=device).expand(refresh_rows + window_rows, -1)
-    slot_ids = torch.arange(0, slots, spacing, device=device)
+def _parts(lm: DiffusionLM, refresh_rows: int, window_rows: int, width: int):
+    """A packed step's two parts over a cache whose slots hold rows of ``width`` (window rows in slots
+    ``[0, window_rows)`` as the engine packs them, refresh rows after), and the trace record the engine
+    would write for it."""
+    device, rows = lm.device, refresh_rows + window_rows
+    kv_cache = KVCache(lm.model.config, rows, width, lm.dtype, device)
+    kv_cache.key_mask[:, :width] = True
+    tokens = torch.randint(0, 100, (rows, width), device=device)
+    positions = torch.arange(width, device=device).expand(rows, -1)
     refresh = window = None
     if refresh_rows:
         read = torch.arange(width - BLOCK, width, device=device).expand(refresh_rows, -1)
         refresh = RefreshPart(tokens[:refresh_rows], positions[:refresh_rows],
                               torch.ones(refresh_rows, width, dtype=torch.bool, device=device), read,
-                              slot_ids[:refresh_rows])
+                              torch.arange(window_rows, rows, device=device))
     if window_rows:
         columns = torch.arange(width - BLOCK, width, device=device).expand(window_rows, -1)
-        extra = {}
-        if not scattered and "slot_range" in WindowPart.__dataclass_fields__:
-            extra["slot_range"] = (refresh_rows, window_rows)
         window = WindowPart(tokens[refresh_rows:, -BLOCK:], positions[refresh_rows:, -BLOCK:], columns,
-                            slot_ids[refresh_rows:], context_start=0, num_read=BLOCK, **extra)
+                            context_start=0, num_read=BLOCK)
     record = ForwardRecord(refresh_rows=refresh_rows, refresh_width=width if refresh_rows else 0,
                            window_rows=window_rows, window_tokens=BLOCK if window_rows else 0,
                            window_context=width if window_rows else 0,
-                           logit_positions=(refresh_rows + window_rows) * BLOCK,
-                           real_tokens=(refresh_rows + window_rows) * width)
-    return refresh, window, arena, record
+                           logit_positions=rows * BLOCK, real_tokens=rows * width)
+    return refresh, window, kv_cache, record
 
 
-def time_forward(lm: DiffusionLM, refresh_rows: int, window_rows: int, width: int, scattered: bool,
-                 repeats: int) -> dict:
+def time_forward(lm: DiffusionLM, refresh_rows: int, window_rows: int, width: int, repeats: int) -> dict:
     """Median GPU seconds (CUDA events; wall time on the CPU) and host seconds (until the call returns)
     of one forward + logits of that shape, after a warm-up."""
-    refresh, window, arena, record = _parts(lm, refresh_rows, window_rows, width, scattered)
+    refresh, window, kv_cache, record = _parts(lm, refresh_rows, window_rows, width)
     cuda = lm.device.type == "cuda"
     gpu, host = [], []
     with torch.no_grad():
@@ -92,7 +86,7 @@ def time_forward(lm: DiffusionLM, refresh_rows: int, window_rows: int, width: in
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             began = time.perf_counter()
-            lm.model.logits(lm.model.forward_step(refresh, window, arena))
+            lm.model.logits(lm.model.forward_step(refresh, window, kv_cache))
             returned = time.perf_counter() - began
             if cuda:
                 end.record()
@@ -103,10 +97,10 @@ def time_forward(lm: DiffusionLM, refresh_rows: int, window_rows: int, width: in
             if repeat:
                 gpu.append(elapsed)
                 host.append(returned)
-    del arena
+    del kv_cache
     from benchmarks.summary import median
 
-    return {"record": record, "gpu_s": median(gpu), "host_s": median(host), "scattered": scattered}
+    return {"record": record, "gpu_s": median(gpu), "host_s": median(host)}
 
 
 def device_key(name: str) -> str:
@@ -120,18 +114,17 @@ def calibrate(lm: DiffusionLM, device: torch.device, smoke: bool, deadline: floa
     widths, repeats = (SMOKE["widths"], SMOKE["repeats"]) if smoke else (WIDTHS, 3)
     samples = []
     for width in widths:
-        for kind, refresh_rows, window_rows in SHAPES:
-            for scattered in ((False, True) if kind == "window" and refresh_rows + window_rows > 1 else (False,)):
-                if time.perf_counter() > deadline - 240:  # leave the engine runs their share
-                    break
-                samples.append(time_forward(lm, refresh_rows, window_rows, width, scattered, repeats))
+        for _, refresh_rows, window_rows in SHAPES:
+            if time.perf_counter() > deadline - 240:  # leave the engine runs their share
+                break
+            samples.append(time_forward(lm, refresh_rows, window_rows, width, repeats))
     key = device_key(torch.cuda.get_device_name() if device.type == "cuda" else "")
     model, gpu = MODELS["llada-8b"], DEVICES[key]
     default = load_constants(key)
     fitted = fit_constants([(s["record"], s["gpu_s"]) for s in samples], model, gpu) if samples else default
     rows = calibration_rows([(s["record"], s["gpu_s"]) for s in samples], model, gpu, fitted)
     for row, sample in zip(rows, samples):
-        row |= {"host_s": sample["host_s"], "scattered_slots": sample["scattered"],
+        row |= {"host_s": sample["host_s"],
                 "projected_default_s": forward_cost(sample["record"], model, gpu, default).time_s,
                 "projected_host_model_s": forward_cost(sample["record"], model, gpu, fitted, host).time_s}
     return {"device_key": key, "host_model": host.to_dict(), "default": default.to_dict(),

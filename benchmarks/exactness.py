@@ -6,7 +6,7 @@
     python -m benchmarks exactness --dtypes float32 --compile   # compiled batched vs eager solo
 
 For each family x dtype x decoding rule x cache mode, ``--prompts`` mixed prompts (lengths 3-40 tokens,
-caps of 1-3 blocks) run through the engine at batch 8 on the ``step`` schedule, so rows sit at
+caps of 1-3 blocks) run through the engine at batch 8 on the ``continuous`` schedule, so rows sit at
 different blocks and start blocks at different steps; each output is compared with
 ``engine.reference.reference_generate`` on the same prompt alone. ``--modes batch-invariant`` runs
 with ``EngineConfig(batch_invariant=True)`` (the oracle then runs on the same model object, so in the
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     for family in args.families.split(","):
         for dtype in args.dtypes.split(","):
             lm = load_model(FAMILIES[family], device=args.device, dtype=dtype)
-            prompts, caps = mixed_prompts(args.prompts, lm.vocab_size, lm.tokens.mask_id)
+            prompts, caps = mixed_prompts(args.prompts, lm.vocab_size, lm.special_ids.mask_id)
             for mode in args.modes.split(","):
                 for rule_name, rule in RULES.items():
                     for cache in CACHES:

@@ -7,8 +7,8 @@ trace projected beside what it measured.
 1. ``environment.json``: versions, device, memory.
 2. Host model on this device (``benchmarks.host_model``: operations per kind x seconds per operation,
    the tiny-dimension fixture at 1 and 32 layers).
-3. Calibration: forwards of the LLaDA-8B shape (bf16, random weights) over several widths, row counts
-   and slot layouts (consecutive vs scattered slots), each with GPU time (CUDA events) and host time
+3. Calibration: forwards of the LLaDA-8B shape (bf16, random weights) over several widths and row
+   counts, window rows packed as the engine packs them, each with GPU time (CUDA events) and host time
    (until the call returns, before any sync); ``fit_constants`` fits efficiency, bandwidth efficiency
    and the old launch overhead -> ``calibration.json`` (in DIR, never in the repository).
 4. The real engine on the steered HumanEval replay (commit profile, real prompt widths) for step,

@@ -64,8 +64,8 @@ class ReplayWorkload:
     profile: CommitProfile | None = LLADA_THRESHOLD_09
 
     def steered(self, lm: DiffusionLM, seed: int = 0) -> DiffusionLM:
-        model = SteeredModel(lm.model, logit_shift=lm.logit_shift, mask_id=lm.tokens.mask_id,
-                             eos_id=lm.tokens.eos_id, stop_ids=lm.tokens.stop_ids,
+        model = SteeredModel(lm.model, logit_shift=lm.logit_shift, mask_id=lm.special_ids.mask_id,
+                             eos_id=lm.special_ids.eos_id, stop_ids=lm.special_ids.stop_ids,
                              prompt_lengths=[len(p) for p in self.prompt_token_ids],
                              answer_lengths=self.answer_lengths,
                              canvas_tokens=CANVAS_TOKENS, profile=self.profile, seed=seed)
@@ -126,7 +126,7 @@ def replay(name: str, lm: DiffusionLM, count: int | None = None, profile: str = 
 
 def synthetic_prompts(lm: DiffusionLM, widths: list[int], seed: int) -> list[list[int]]:
     """Seeded ordinary token ids (no special token), one prompt of each width, all distinct."""
-    special = {lm.tokens.mask_id, lm.tokens.pad_id, *lm.tokens.stop_ids}
+    special = {lm.special_ids.mask_id, lm.special_ids.pad_id, *lm.special_ids.stop_ids}
     ordinary = [token for token in range(min(lm.vocab_size, 30_000)) if token not in special]
     generator = random.Random(seed)
     return [[generator.choice(ordinary) for _ in range(width)] for width in widths]

@@ -4,13 +4,13 @@ Both systems are the replica's own serving loop (``actors.engine_loop.EngineLoop
 model, driven in-process without HTTP: the HTTP/Serve layer adds the same few milliseconds to both and
 only noise to the comparison, while the loop is where the policies differ.
 
-* ``step``: engine ``schedule="step"`` + ``batching="continuous"``: a row leaves or starts its next block
-  at the step its block completes, and arrivals join at the next step, under the token budget.
-* ``blockserve``: engine ``schedule="block"`` + ``batching="continuous"``: requests join and leave at
-  every block boundary under the token budget.
-* ``static``: engine ``schedule="static"`` + ``batching="static"``: collect up to ``max_batch_size``
-  requests or until the oldest has waited ``--static-timeout`` s, then run that batch to completion
-  on one shared canvas (Fast-dLLM style); arrivals meanwhile wait for the next batch.
+* ``step``: engine ``schedule="continuous"``: a row leaves or starts its next block at the step its
+  block completes, and arrivals join at the next step, under the token budget.
+* ``blockserve``: engine ``schedule="block_sync"``: requests join and leave at every block boundary
+  under the token budget.
+* ``static``: engine ``schedule="static"`` with ``static_batch_timeout_s``: collect up to
+  ``max_batch_size`` requests or until the oldest has waited ``--static-timeout`` s, then run that batch
+  to completion on one shared canvas (Fast-dLLM style); arrivals meanwhile wait for the next batch.
 
 Rates are fractions (``--load``) of BlockServe's measured capacity (a closed batch of the same
 workload), or absolute (``--rates``, requests/s). The systems are interleaved rate by rate, with the same
@@ -38,7 +38,7 @@ from engine.prompts import encode_prompt
 from tinylm.tasks import read_jsonl
 
 DATA = Path(__file__).resolve().parents[1] / "assets" / "data" / "heldout.jsonl"
-SYSTEMS = {"step": ("step", "continuous"), "blockserve": ("block", "continuous"), "static": ("static", "static")}
+SYSTEMS = {"step": "continuous", "blockserve": "block_sync", "static": "static"}  # label -> schedule
 
 
 @dataclass(frozen=True)
@@ -87,11 +87,9 @@ def poisson_arrivals(count: int, rate_rps: float, seed: int) -> list[float]:
     return times
 
 
-async def drive(engine: BlockServeEngine, batching: str, workload: list[Request], arrivals: list[float],
-                static_timeout_s: float) -> tuple[list[tuple], float]:
+async def drive(engine: BlockServeEngine, workload: list[Request], arrivals: list[float]) -> tuple[list[tuple], float]:
     """Submit each request at its arrival time; return (stream, output) pairs and the makespan."""
-    loop = EngineLoop(engine, batching=batching, static_batch_timeout_s=static_timeout_s,
-                      max_pending=len(workload) + 1).start()
+    loop = EngineLoop(engine, max_pending=len(workload) + 1).start()
     start = time.time()
 
     async def one(index: int):
@@ -107,10 +105,9 @@ async def drive(engine: BlockServeEngine, batching: str, workload: list[Request]
 
 
 def run(engine: BlockServeEngine, system: str, workload: list[Request], arrivals: list[float],
-        rate_rps: float, repeat: int, static_timeout_s: float) -> RunResult:
+        rate_rps: float, repeat: int) -> RunResult:
     engine.reset_stats()
-    results, makespan = asyncio.run(drive(engine, SYSTEMS[system][1], workload, arrivals,
-                                          static_timeout_s))
+    results, makespan = asyncio.run(drive(engine, workload, arrivals))
     latencies = [output.finish_time - stream.arrival_time for stream, output in results]
     ttfb = [stream.first_block_time - stream.arrival_time for stream, _ in results]
     stats = engine.stats()
@@ -177,14 +174,14 @@ def main(argv: list[str] | None = None) -> None:
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     common = {"max_batch_size": args.max_batch_size, "block_length": args.block_length,
               "steps_per_block": args.steps_per_block}
-    engines = {system: BlockServeEngine(lm, EngineConfig(schedule=schedule, **common))
-               for system, (schedule, _) in SYSTEMS.items()}
+    collect = {"static": {"static_batch_timeout_s": args.static_timeout}}  # the static batcher's window
+    engines = {system: BlockServeEngine(lm, EngineConfig(schedule=schedule, **common, **collect.get(schedule, {})))
+               for system, schedule in SYSTEMS.items()}
     workload = build_workload(lm, args.requests, args.min_blocks, args.max_blocks, args.block_length,
                               args.seed)
     for system in SYSTEMS:  # warm up both paths (first-call allocations) on a few requests
-        run(engines[system], system, workload[:4], [0.0] * 4, 0.0, -1, args.static_timeout)
-    capacity = run(engines["blockserve"], "blockserve", workload, [0.0] * len(workload), 0.0, -1,
-                   args.static_timeout)
+        run(engines[system], system, workload[:4], [0.0] * 4, 0.0, -1)
+    capacity = run(engines["blockserve"], "blockserve", workload, [0.0] * len(workload), 0.0, -1)
     if args.rates:
         rates = [float(rate) for rate in args.rates.split(",")]
     else:
@@ -196,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
             arrivals = poisson_arrivals(len(workload), rate, args.seed + 1000 * rate_index + repeat)
             order = list(SYSTEMS) if (rate_index + repeat) % 2 == 0 else list(SYSTEMS)[::-1]
             for system in order:  # interleaved, alternating which goes first
-                result = run(engines[system], system, workload, arrivals, rate, repeat, args.static_timeout)
+                result = run(engines[system], system, workload, arrivals, rate, repeat)
                 results.append(result)
                 print(json.dumps({"progress": asdict(result)}), flush=True)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from engine import EngineConfig, SamplingParams
 from engine.config import blocks_needed
+from engine.outputs import RowResult, RunnerOutput
 from engine.request import Request
-from engine.runner import RowResult, StepOutput
 from engine.scheduler import Scheduler
 
 
@@ -33,13 +33,13 @@ def simulate_schedule(prompt_lengths: list[int], max_new_tokens: list[int], conf
     block = [0] * config.block_length
     rows_per_step, boxes = [], []
     while scheduler.has_work():
-        plan = scheduler.schedule(0.0)
-        rows = plan.refresh + plan.window
+        scheduled = scheduler.schedule(0.0)
+        rows = scheduled.refresh + scheduled.window
         rows_per_step.append(len(rows))
         boxes.append(len(rows) * max(request.width for request in rows))
         complete = {r.request_id: r.step_in_block + 1 >= steps_per_block for r in rows}
-        scheduler.update(StepOutput(rows={request_id: RowResult(done, None, block if done else None)
-                                          for request_id, done in complete.items()}, model_time_s=0.0))
+        scheduler.update(RunnerOutput(rows={request_id: RowResult(done, None, block if done else None)
+                                            for request_id, done in complete.items()}, model_time_s=0.0))
     return {"steps": len(rows_per_step), "peak_rows": max(rows_per_step),
             "mean_rows": sum(rows_per_step) / len(rows_per_step), "peak_box": max(boxes),
             "row_steps": sum(rows_per_step)}

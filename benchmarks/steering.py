@@ -3,7 +3,7 @@ profile's pace, decided on the device with no host synchronisation.
 
 Rows are recognised by their width, which the replay makes distinct per request (``benchmarks.replay``):
 every replayed row is its prompt plus the same ``canvas_tokens``, so a refresh row's real-token count,
-or a window row's arena column minus its position (where the row starts, right-aligned in an arena of
+or a window row's cache column minus its position (where the row starts, right-aligned in a cache of
 known width), gives its prompt length and so its request. Nothing is remembered per slot: the engine
 may move rows between slots. In ``logits``:
 
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from benchmarks.commit_profile import CommitProfile
-from engine.models.kv_arena import KVArena
+from engine.models.kv_cache import KVCache
 from engine.models.step_inputs import RefreshPart, WindowPart
 
 LIFT, HOLD_GAP = 30.0, 0.01
@@ -57,13 +57,13 @@ class SteeredModel:
         return getattr(self._base, name)
 
     def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
-                     arena: KVArena | None) -> torch.Tensor:
+                     kv_cache: KVCache | None) -> torch.Tensor:
         self._pending = []
         if refresh is not None:
             self._pending.append(self._refresh_rows(refresh))
         if window is not None:
-            self._pending.append(self._window_rows(window, arena))
-        return self._base.forward_step(refresh, window, arena)
+            self._pending.append(self._window_rows(window, kv_cache))
+        return self._base.forward_step(refresh, window, kv_cache)
 
     def _request(self, prompt_lengths: torch.Tensor) -> torch.Tensor:
         index = prompt_lengths.clamp(0, self._request_of_length.shape[0] - 1)
@@ -76,9 +76,9 @@ class SteeredModel:
         columns = part.read_columns + self._shift
         return request, part.positions.gather(1, columns), part.tokens.gather(1, columns) == self._mask_id
 
-    def _window_rows(self, part: WindowPart, arena: KVArena):
-        row_start = part.columns[:, 0] - part.positions[:, 0]  # the row's first column in the arena
-        request = self._request(arena.scratch_column - row_start - self._canvas)
+    def _window_rows(self, part: WindowPart, kv_cache: KVCache):
+        row_start = part.columns[:, 0] - part.positions[:, 0]  # the row's first column in the cache
+        request = self._request(kv_cache.scratch_column - row_start - self._canvas)
         start = self._shift - part.read_shift
         positions = part.positions[:, start:start + part.num_read]
         return request, positions, part.tokens[:, start:start + part.num_read] == self._mask_id

@@ -1,9 +1,10 @@
 """The systems under test and one honest way to run them.
 
 All four are schedules of the same engine on the same loaded model, so every difference measured is
-the batching policy's: ``step`` (ours: rows advance block by block on their own), ``block``
-(BlockServe's block cycles), ``static`` (Fast-dLLM's fixed batches) and ``shrink`` (Fast-dLLM v2 /
-dInfer: finished rows leave, nobody joins).
+the batching policy's: ``step`` (ours, schedule ``continuous``: rows advance block by block on their
+own), ``block`` (schedule ``block_sync``: BlockServe's block cycles), ``static`` (Fast-dLLM's fixed
+batches) and ``shrink`` (Fast-dLLM v2 / dInfer: finished rows leave, nobody joins). The system labels
+name the stored results; :data:`SCHEDULE_OF` maps each to the engine's schedule.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from engine import BlockServeEngine, EngineConfig
 from engine.models.loader import DiffusionLM
 
 SYSTEMS = ("step", "block", "static", "shrink")
+SCHEDULE_OF = {"step": "continuous", "block": "block_sync", "static": "static", "shrink": "shrink"}
 
 
 @dataclass
@@ -30,7 +32,7 @@ class RunResult:
     stats: dict[str, Any]
     accuracy: float | None
     requests: list[dict[str, Any]]  # per request: output_tokens, latency_s, queue_s, finish_reason
-    peak_rows: int = 0  # most rows in one block cycle
+    peak_rows: int = 0  # most rows in one step
     mean_step_rows: float = 0.0  # rows per step (concurrent requests), averaged over steps
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -47,7 +49,7 @@ class RunResult:
 
 def run_system(lm: DiffusionLM, system: str, workload: Workload, **config: Any) -> RunResult:
     """Queue the whole workload at once (an offline batch, as in the paper) and run it to the end."""
-    engine_config = EngineConfig(schedule=system, **config)
+    engine_config = EngineConfig(schedule=SCHEDULE_OF[system], **config)
     engine = BlockServeEngine(lm, engine_config)
     started = time.perf_counter()
     ids = [engine.add_request(prompt, params) for prompt, params in zip(workload.prompts, workload.params)]

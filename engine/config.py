@@ -6,13 +6,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SCHEDULES = ("step", "block", "static", "shrink")
+SCHEDULES = ("continuous", "block_sync", "static", "shrink")  # engine/policies.py: one policy each
 CACHE_MODES = ("dual", "prefix", "none")
 DECODING_RULES = ("threshold", "quota", "factor", "factor_prefix", "dream")
 DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy")  # Dream's diffusion_generate algs, less "origin"
 SHIFTED_DECODINGS = ("fast-dllm", "lookback")
 DEFAULT_MAX_MODEL_LEN = 4096  # widest row when max_model_len is unset: a model may advertise far more
-# (Dream: 131,072 positions, a KV arena of ~112 GiB at 16 slots); LLaDA's own limit is 4096
+# (Dream: 131,072 positions, a KV cache of ~112 GiB at 16 slots); LLaDA's own limit is 4096
 
 
 def blocks_needed(num_tokens: int, block_length: int) -> int:
@@ -49,9 +49,11 @@ def _from_dict(cls: type, values: Mapping[str, Any]):
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     block_length: int = 32
-    # "step": rows advance block by block on their own, admission at every step (our default);
-    # "block": BlockServe's block cycles; "static": Fast-dLLM; "shrink": Fast-dLLM v2 / dInfer
-    schedule: str = "step"
+    # "continuous": rows advance block by block on their own, admission at every step (our default);
+    # "block_sync": BlockServe's block cycles; "static": Fast-dLLM; "shrink": Fast-dLLM v2 / dInfer
+    schedule: str = "continuous"
+    static_batch_timeout_s: float | None = None  # static: a batch starts when full or when its oldest
+    # request has waited this long (None: at once, with whoever is pending)
     max_batch_size: int = 16
     token_budget: int | None = None  # bounding-box tokens (rows x widest row); None: derived, see below
     sort_pending: bool = True  # pending queue ordered by prompt length (else arrival order)
@@ -70,11 +72,11 @@ class EngineConfig:
     # decoding (a block's first step commits only its first position; cached windows start at the block);
     # "lookback": windows start one column before the block and every step applies the rule
     shifted_decoding: str = "fast-dllm"
-    compile: bool = False  # torch.compile each layer over bucketed shapes (engine/models/compiled.py);
+    compile: bool = False  # one compiled graph per bucketed forward shape (engine/models/compiled.py);
     # off by default until a GPU run shows it wins
     batch_invariant: bool = False  # a row's tokens independent of its batch in bf16 too: each row's
     # attention on its own keys, and on CUDA process-wide cuBLAS settings (engine/batch_invariance.py)
-    max_model_len: int | None = None  # widest admissible row (prompt + canvas), sizes the KV arena;
+    max_model_len: int | None = None  # widest admissible row (prompt + canvas), sizes the KV cache;
     # None: the model's maximum length up to DEFAULT_MAX_MODEL_LEN, capped by the token budget
 
     def __post_init__(self) -> None:
@@ -82,6 +84,14 @@ class EngineConfig:
             _fail("block_length", f"must be a positive int, got {self.block_length!r}")
         if self.schedule not in SCHEDULES:
             _fail("schedule", f"must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.static_batch_timeout_s is not None:
+            if isinstance(self.static_batch_timeout_s, bool) or not isinstance(
+                    self.static_batch_timeout_s, (int, float)) or self.static_batch_timeout_s < 0:
+                _fail("static_batch_timeout_s", f"must be a non-negative number of seconds or None, "
+                                                f"got {self.static_batch_timeout_s!r}")
+            if self.schedule != "static":
+                _fail("static_batch_timeout_s", f"collects a batch for schedule='static' only, got "
+                                                f"schedule={self.schedule!r}")
         if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
             _fail("max_batch_size", f"must be a positive int, got {self.max_batch_size!r}")
         if self.token_budget is not None and (not isinstance(self.token_budget, int) or self.token_budget < 1):

@@ -1,41 +1,24 @@
-"""BlockServeEngine: the loop. schedule -> run one denoising step of the mixed batch -> update."""
+"""BlockServeEngine: the loop. schedule -> execute one denoising step of the mixed batch -> update."""
 from __future__ import annotations
 
 import itertools
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from engine.admission import AdmissionError, AdmissionLimits
-from engine.batch import RowArena
-from engine.config import EngineConfig, SamplingParams, blocks_needed, window_lookback
+from engine.config import EngineConfig, SamplingParams, blocks_needed
 from engine.memory import check_arena_fits
 from engine.models.loader import DiffusionLM, load_model
+from engine.outputs import RunnerOutput, SchedulerOutput, StepReport
 from engine.prompts import Prompt, PromptTooLongError, encode_prompt
 from engine.request import Request, RequestOutput, RequestStatus, TokenLogprob
-from engine.runner import ModelRunner, StepOutput
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.runner import ModelRunner
+from engine.scheduler import Scheduler
 from engine.stats import EngineStats, StatsCollector
-from engine.trace import ForwardRecord
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """What one ``step()`` did (data only): its finished requests, and for streaming and monitoring
-    what each completed block added and who joined."""
-
-    finished: list[RequestOutput] = field(default_factory=list)  # finished at its end (and any
-    # rejected or aborted while pending)
-    new_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> tokens its
-    # just-completed block added to its output (up to a stop token; empty past one or its cap)
-    admitted: tuple[str, ...] = ()  # request ids that joined at this step
-    scheduled_time: float = 0.0  # when it admitted them: their first_scheduled_time (the queue clock)
-    num_rows: int = 0
-    bounding_box_tokens: int = 0
 
 
 class BlockServeEngine:
@@ -46,11 +29,9 @@ class BlockServeEngine:
         self.max_row_width = self.config.resolved_max_model_len(lm.max_length)
         self.limits = AdmissionLimits(self.config.block_length, lm.vocab_size, lm.max_length,
                                       self.token_budget, self.max_row_width)
-        check_arena_fits(lm, self.config)  # before allocating: an arena that cannot fit fails by name
+        check_arena_fits(lm, self.config)  # before allocating: a batch that cannot fit fails by name
         self.scheduler = Scheduler(self.config, self.token_budget, self.max_row_width)
-        self.runner = ModelRunner(lm, self.config)
-        self.arena = RowArena(lm, self.config.max_batch_size, self.max_row_width, self.config.block_length,
-                              self.config.cache, window_lookback=window_lookback(self.config, lm.logit_shift))
+        self.runner = ModelRunner(lm, self.config, self.max_row_width)
         self.stats_collector = StatsCollector(self.config.max_batch_size)
         self._requests: dict[str, Request] = {}
         self._early_outputs: list[RequestOutput] = []  # rejected or aborted while pending
@@ -149,32 +130,30 @@ class BlockServeEngine:
         rejected), and the new output tokens of each row whose block it completed."""
         started = time.perf_counter()
         now = time.time()
-        plan = self.scheduler.schedule(now)
-        for request in plan.admitted:
-            self.arena.place(request)
-        output, record = self._run(plan)
+        scheduled = self.scheduler.schedule(now)
+        output = self.runner.execute(scheduled)
+        self._account(scheduled, output)
         update = self.scheduler.update(output)
+        self.runner.release(update.finished)
         finished, self._early_outputs = self._early_outputs, []
         finished += [self._finish(request) for request in update.finished]
         self.stats_collector.add_elapsed(time.perf_counter() - started)
         return StepReport(finished=finished, new_token_ids=update.new_token_ids,
-                          admitted=tuple(request.request_id for request in plan.admitted), scheduled_time=now,
-                          num_rows=record.rows, bounding_box_tokens=record.bounding_box_tokens)
+                          admitted=tuple(request.request_id for request in scheduled.admitted), scheduled_time=now,
+                          num_rows=output.record.rows, bounding_box_tokens=output.record.bounding_box_tokens)
 
-    def _run(self, plan: SchedulerOutput) -> tuple[StepOutput, ForwardRecord]:
-        if not plan.num_rows:
-            return StepOutput(rows={}, model_time_s=0.0), ForwardRecord()
-        batch = self.arena.build_step(plan.refresh, plan.window)
-        output = self.runner.run_step(batch, self.arena)
-        self._account(plan, batch.record, output)
-        return output, batch.record
+    def wait_s(self, now: float) -> float:
+        """Seconds to hold the next step back: positive only while a static batch is still collecting."""
+        return self.scheduler.wait_s(now)
 
-    def _account(self, plan: SchedulerOutput, record: ForwardRecord, output: StepOutput) -> None:
-        """Stats of a step, taken before its results change the requests."""
-        rows = (*plan.refresh, *plan.window)
+    def _account(self, scheduled: SchedulerOutput, output: RunnerOutput) -> None:
+        """Stats of a step that ran rows, taken before its results change the requests."""
+        if not scheduled.num_rows:
+            return
+        rows = (*scheduled.refresh, *scheduled.window)
         self.stats_collector.record_step(
-            record, useful_rows=sum(request.is_decoding_own_output for request in rows),
-            unfinished_requests=sum(request.is_decoding_own_output for request in self.scheduler.running),
+            output.record, useful_rows=sum(request.adds_to_output for request in rows),
+            unfinished_requests=sum(request.adds_to_output for request in self.scheduler.running),
             pending_requests=self.scheduler.num_pending,
             blocks_completed=sum(result.block_complete for result in output.rows.values()),
             model_time_s=output.model_time_s)
@@ -182,7 +161,6 @@ class BlockServeEngine:
     def _finish(self, request: Request) -> RequestOutput:
         request.finish_time = time.time()
         token_ids = request.output_token_ids
-        self.arena.release(request)  # its slot goes back; nothing is copied
         if request.status != RequestStatus.FINISHED_ERROR:
             self.stats_collector.record_finished(len(token_ids))
         del self._requests[request.request_id]

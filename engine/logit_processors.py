@@ -105,7 +105,7 @@ class LogprobBuffer:
         self.top_ids = torch.zeros((*shape, MAX_TOP_LOGPROBS), dtype=torch.long, device=device)
 
     def move(self, moves: Sequence[tuple[int, int]]) -> None:
-        """Follow rows the arena moved to another slot mid-block (``(from, to)`` pairs)."""
+        """Follow rows the persistent batch moved to another slot mid-block (``(from, to)`` pairs)."""
         for source, target in moves:
             for buffer in (self.chosen, self.top_values, self.top_ids):
                 buffer[target] = buffer[source]

@@ -1,10 +1,11 @@
 """The engine's memory model: what it allocates once, and what a step adds per bounding-box token.
 
-Fixed: the weights, and the arena (``engine.batch.RowArena``) allocated at construction for
-``max_batch_size`` slots x ``max_model_len`` columns: keys and values of every layer (plus one scratch
-column), token ids, positions and key masks. Rows joining or leaving never allocate: they take and
-return slots. Transient: a step's activations grow with its bounding box (rows x widest row), and its
-logits with rows x block_length x vocab (logits exist only for the active blocks).
+Fixed: the weights, and the arena allocated at construction: the persistent batch
+(``engine.batch.PersistentBatch``) of ``max_batch_size`` slots x ``max_model_len`` columns. It holds keys
+and values of every layer (plus one scratch column), token ids, positions and key masks. Rows joining
+or leaving never allocate: they take and return slots. Transient: a step's activations grow with its
+bounding box (rows x widest row), and its logits with rows x block_length x vocab (logits exist only for
+the active blocks).
 
 The arena is checked against the memory the device has available before it is allocated
 (:func:`check_arena_fits`), so a setting that cannot fit fails with its name, not an allocator error.
@@ -20,7 +21,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.decoding import NOISE_CHUNK_ELEMENTS
-from engine.models.kv_arena import KVArena
+from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 
 INDEX_BYTES = 8  # token ids and positions are int64
@@ -47,7 +48,7 @@ def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     model_config, dtype = lm.model.config, lm.dtype
     slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
     columns = slots * (width + 1)
-    kv_bytes = KVArena.bytes_per_slot_column(model_config, dtype) * columns if config.cache != "none" else columns
+    kv_bytes = KVCache.bytes_per_slot_column(model_config, dtype) * columns if config.cache != "none" else columns
     element = torch.empty((), dtype=dtype).element_size()
     arena_bytes = kv_bytes + 2 * INDEX_BYTES * slots * width
     hidden, intermediate = model_config.hidden_size, model_config.intermediate_size

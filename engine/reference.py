@@ -39,7 +39,7 @@ from engine.decoding import (
     select_commits,
 )
 from engine.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
-from engine.models.kv_arena import KVArena
+from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import RefreshPart, WindowPart
 from engine.request import TokenLogprob, trim_at_stop
@@ -66,13 +66,13 @@ def reference_generate(
 ) -> ReferenceResult:
     num_blocks, width = _canvas_size(lm, prompt_ids, max_new_tokens, block_length)
     prompt_length = len(prompt_ids)
-    device, mask_id, shift = lm.device, lm.tokens.mask_id, lm.logit_shift
+    device, mask_id, shift = lm.device, lm.special_ids.mask_id, lm.logit_shift
     # a shifted family (Dream): Fast-dLLM's windows start at the block and a block's first step commits
     # only its first position; "lookback" windows start one column earlier and apply the rule throughout
     lookback = shift if shifted_decoding == "lookback" else 0
     rule = dataclasses.replace(
         rule, first_step_first_position=commits_first_position_first(rule.kind, shift, shifted_decoding))
-    canvas, positions, key_mask, arena = _blank_canvas(lm, prompt_ids, width, cache)
+    canvas, positions, key_mask, kv_cache = _blank_canvas(lm, prompt_ids, width, cache)
     seeds = torch.tensor([seed], dtype=torch.long, device=device)
     slot = torch.zeros(1, dtype=torch.long, device=device)
 
@@ -84,10 +84,10 @@ def reference_generate(
         while (canvas[0, start:end] == mask_id).any():
             if step == 0 or cache == "none":
                 read = torch.arange(start - shift, end - shift, device=device)[None]
-                refresh = RefreshPart(canvas, positions, key_mask, read, slot if arena is not None else None)
-                hidden = lm.model.forward_step(refresh, None, arena)
+                refresh = RefreshPart(canvas, positions, key_mask, read, slot if kv_cache is not None else None)
+                hidden = lm.model.forward_step(refresh, None, kv_cache)
             else:
-                hidden = _window_forward(lm, canvas, positions, arena, slot,
+                hidden = _window_forward(lm, canvas, positions, kv_cache,
                                          (start - lookback, end if cache == "dual" else width), block_length,
                                          read_shift=shift - lookback)
             logits = lm.model.logits(hidden)
@@ -104,12 +104,12 @@ def reference_generate(
             step += 1
         total_steps += step
         blocks_run += 1
-        if any(int(t) in lm.tokens.stop_ids for t in canvas[0, start:end]):
+        if any(int(t) in lm.special_ids.stop_ids for t in canvas[0, start:end]):
             stopped = True
             if stop_at_eos:
                 break
     generated = canvas[0, prompt_length:prompt_length + blocks_run * block_length].tolist()
-    token_ids = trim_at_stop(generated, lm.tokens.stop_ids)
+    token_ids = trim_at_stop(generated, lm.special_ids.stop_ids)
     return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped and stop_at_eos else "length",
                            num_blocks=blocks_run, num_steps=total_steps,
                            logprobs=None if logprobs is None else [committed_logprobs[index]
@@ -131,27 +131,27 @@ def _canvas_size(lm: DiffusionLM, prompt_ids: list[int], max_new_tokens: int,
 
 
 def _blank_canvas(lm: DiffusionLM, prompt_ids: list[int], width: int,
-                  cache: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, KVArena | None]:
-    """The prompt then masks up to ``width``, its positions and key mask, and a one-row KV arena (None
+                  cache: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, KVCache | None]:
+    """The prompt then masks up to ``width``, its positions and key mask, and a one-row KV cache (None
     without a cache)."""
     device = lm.device
-    canvas = torch.full((1, width), lm.tokens.mask_id, dtype=torch.long, device=device)
+    canvas = torch.full((1, width), lm.special_ids.mask_id, dtype=torch.long, device=device)
     canvas[0, :len(prompt_ids)] = torch.tensor(prompt_ids, device=device)
     positions = torch.arange(width, device=device)[None]
     key_mask = torch.ones(1, width, dtype=torch.bool, device=device)
-    arena = KVArena(lm.model.config, 1, width, lm.dtype, device) if cache != "none" else None
-    if arena is not None:
-        arena.key_mask[0, :width] = True
-    return canvas, positions, key_mask, arena
+    kv_cache = KVCache(lm.model.config, 1, width, lm.dtype, device) if cache != "none" else None
+    if kv_cache is not None:
+        kv_cache.key_mask[0, :width] = True
+    return canvas, positions, key_mask, kv_cache
 
 
-def _window_forward(lm: DiffusionLM, canvas: torch.Tensor, positions: torch.Tensor, arena: KVArena,
-                    slot: torch.Tensor, window: tuple[int, int], block_length: int, read_shift: int) -> torch.Tensor:
+def _window_forward(lm: DiffusionLM, canvas: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
+                    window: tuple[int, int], block_length: int, read_shift: int) -> torch.Tensor:
     """Hidden states of canvas columns [window[0], window[1]) over the cached keys/values of the rest."""
     columns = torch.arange(*window, device=canvas.device)[None]
-    part = WindowPart(canvas[:, columns[0]], positions[:, columns[0]], columns, slot, context_start=0,
-                      num_read=block_length, slot_range=(0, 1), read_shift=read_shift)
-    return lm.model.forward_step(None, part, arena)
+    part = WindowPart(canvas[:, columns[0]], positions[:, columns[0]], columns, context_start=0,
+                      num_read=block_length, read_shift=read_shift)
+    return lm.model.forward_step(None, part, kv_cache)
 
 
 def _sampling(seeds: torch.Tensor, temperature: float, top_k: int, top_p: float, block_offset: int, step: int,

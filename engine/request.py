@@ -92,9 +92,9 @@ class Request:
     cap_blocks: int = 0  # the request's own block cap: ceil(max_new_tokens / block_length)
     canvas_blocks: int = 0  # blocks on its canvas (= cap, or the batch's largest for static/shrink)
     block_index: int = 0  # the block being decoded; once it is complete, the number of blocks done
-    block_complete: bool = False  # its block has no mask left and the next one has not started
-    step_in_block: int = 0  # denoising steps taken in the current block
-    slot: int | None = None  # its row in the engine's arena while it runs
+    between_blocks: bool = False  # its last block has no mask left and the next one has not started
+    step_in_block: int = 0  # denoising steps taken in the current block (block_index's)
+    slot: int | None = None  # its row in the runner's persistent batch while it runs
     output_token_ids: list[int] = field(default_factory=list)  # its own output so far, up to a stop token
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # theirs, if asked for
     num_steps: int = 0
@@ -123,29 +123,32 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
+        """It has left the engine: its status is final."""
         return self.status.is_finished
 
     @property
-    def has_stopped(self) -> bool:
+    def stopped_at_eos(self) -> bool:
         """A completed block committed a stop token and the request honours it."""
         return self.stop_block is not None and self.params.stop_at_eos
 
     @property
-    def is_done(self) -> bool:
-        """Its own decoding is over: stopped, at its block cap, or aborted."""
-        return self.has_stopped or self.block_index >= self.cap_blocks or self.abort_requested
+    def adds_to_output(self) -> bool:
+        """Its next block can still add to its own output: no stop token yet and under its block cap.
+
+        False for a row a static batch keeps running past its EOS or cap (wasted work)."""
+        return not self.stopped_at_eos and self.block_index < self.cap_blocks
+
+    @property
+    def needs_more_blocks(self) -> bool:
+        """It adds to its output and nobody asked to abort it; otherwise it may leave."""
+        return self.adds_to_output and not self.abort_requested
 
     @property
     def output_blocks(self) -> int:
         """Blocks of its own output: up to its stop block (a static batch may have run it further)."""
-        if self.has_stopped:
+        if self.stopped_at_eos:
             return self.stop_block + 1
         return min(self.block_index, self.cap_blocks)
-
-    @property
-    def is_decoding_own_output(self) -> bool:
-        """False for a row kept in a static batch past its EOS or its own block cap (wasted work)."""
-        return not self.has_stopped and self.block_index < self.cap_blocks
 
     def complete_block(self, token_ids: list[int], stop_index: int | None,
                        logprobs: list[TokenLogprob] | None = None) -> list[int]:
@@ -158,5 +161,5 @@ class Request:
         if stop_index is not None and self.stop_block is None:
             self.stop_block = self.block_index
         self.block_index += 1
-        self.block_complete = True
+        self.between_blocks, self.step_in_block = True, 0
         return added

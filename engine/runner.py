@@ -1,117 +1,121 @@
-"""Runs one denoising step of a batch on the model: tensors in, committed tokens out. No policy."""
+"""Runs one denoising step on the model and owns the persistent batch it runs on. No policy.
+
+``ModelRunner.execute`` applies the scheduler's decisions to the batch (places admitted rows, packs
+window rows), builds the step's tensors, runs the forward and the decoding rule, and returns the
+committed tokens keyed by request id. ``ModelRunner.release`` frees the slots of rows that left.
+"""
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 
 import torch
 
-from engine.batch import RowArena, StepBatch
+from engine.batch import PersistentBatch
+from engine.batch_inputs import StepBatch, prepare_inputs
 from engine.batch_invariance import configure_cuda_batch_invariance
-from engine.config import EngineConfig
+from engine.config import EngineConfig, window_lookback
 from engine.decoding import Sampling, decode_rule, gumbel_noise, propose_tokens, select_commits
-from engine.logit_processors import LogprobBuffer, token_logprobs
+from engine.logit_processors import token_logprobs
 from engine.models.loader import DiffusionLM
-from engine.request import TokenLogprob, first_stop
-
-
-@dataclass(frozen=True)
-class RowResult:
-    """What a step did to one row (data only)."""
-
-    block_complete: bool  # no mask left in its block
-    stop_index: int | None  # the completed block's first stop token (None: none, or not complete)
-    block_tokens: list[int] | None  # the completed block; None while masks remain
-    block_logprobs: list[TokenLogprob] | None = None  # the completed block's, if its request asked
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    rows: dict[str, RowResult]  # keyed by request id
-    model_time_s: float
+from engine.outputs import RowResult, RunnerOutput, SchedulerOutput
+from engine.request import Request, TokenLogprob, first_stop
 
 
 class ModelRunner:
-    def __init__(self, lm: DiffusionLM, config: EngineConfig):
+    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int):
         self.lm = lm
         self.rule = decode_rule(config, lm.logit_shift)
         lm.model.use_compiled(config.compile, config.max_batch_size)
         lm.model.use_batch_invariant(config.batch_invariant)
         if config.batch_invariant and lm.device.type == "cuda":
             configure_cuda_batch_invariance()
-        self.block_length = config.block_length
-        self._stop_ids = torch.tensor(lm.tokens.stop_ids, device=lm.device)
-        self.max_rows = config.max_batch_size
-        self._logprobs: LogprobBuffer | None = None  # allocated when a request first asks for them
+        self.batch = PersistentBatch(lm, config.max_batch_size, max_row_width, config.block_length, config.cache,
+                                     window_lookback=window_lookback(config, lm.logit_shift))
+        self._stop_ids = torch.tensor(lm.special_ids.stop_ids, device=lm.device)
 
     @torch.no_grad()
-    def run_step(self, batch: StepBatch, arena: RowArena) -> StepOutput:
-        """One denoising step for every row of ``batch``; its one host synchronisation is at the end."""
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        """Apply ``scheduled`` to the persistent batch and run its rows for one denoising step."""
+        for request in scheduled.admitted:
+            self.batch.place(request)
+        if not scheduled.num_rows:
+            return RunnerOutput(rows={}, model_time_s=0.0)
+        refresh, window = scheduled.refresh, scheduled.window
+        if self.batch.kv_cache is None:  # without a cache every step is a whole-row forward
+            refresh, window = [*refresh, *window], []
+        self.batch.pack_window_rows(window)
+        inputs = prepare_inputs(self.batch, refresh, window)
         started = time.perf_counter()
-        mask_id = self.lm.tokens.mask_id
-        if batch.moved_slots and self._logprobs is not None:
-            self._logprobs.move(batch.moved_slots)
-        hidden = self.lm.model.forward_step(batch.refresh, batch.window, arena.kv)
+        rows = self._run(inputs)
+        return RunnerOutput(rows=rows, model_time_s=time.perf_counter() - started, record=inputs.record)
+
+    def release(self, finished: list[Request]) -> None:
+        """The rows that left give their slots back at once, so an idle engine holds no row."""
+        for request in finished:
+            self.batch.release(request)
+
+    def _run(self, inputs: StepBatch) -> dict[str, RowResult]:
+        """One denoising step for every row of ``inputs``; its one host synchronisation is at the end."""
+        mask_id = self.lm.special_ids.mask_id
+        hidden = self.lm.model.forward_step(inputs.refresh, inputs.window, self.batch.kv_cache)
         logits = self.lm.model.logits(hidden)  # [rows, block_length, vocab]: the active blocks only
-        blocks = arena.block_tokens(batch)
+        blocks = self.batch.block_tokens(inputs.slots, inputs.block_columns)
         masked = blocks == mask_id
         sampling = None
-        if batch.sampled_rows is not None:
-            sampling = Sampling(rows=batch.sampled_rows, temperatures=batch.temperatures,
-                                noise=gumbel_noise(*batch.noise_keys, logits.shape[-1]), filters=batch.filters)
+        if inputs.sampled_rows is not None:
+            sampling = Sampling(rows=inputs.sampled_rows, temperatures=inputs.temperatures,
+                                noise=gumbel_noise(*inputs.noise_keys, logits.shape[-1]), filters=inputs.filters)
         candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=self.rule.measure,
-                                                bias=batch.bias)
-        commit = select_commits(self.rule, confidence, masked, batch.steps)
+                                                bias=inputs.bias)
+        commit = select_commits(self.rule, confidence, masked, inputs.step_in_block)
         blocks = torch.where(commit, candidates, blocks)
-        if batch.logprob_rows is not None:
-            self._record_logprobs(batch, logits, candidates, commit)
-        arena.write_blocks(batch, blocks)
+        if inputs.logprob_rows is not None:
+            self._record_logprobs(inputs, logits, candidates, commit)
+        self.batch.write_blocks(inputs.slots, inputs.block_columns, blocks)
         complete = ~(blocks == mask_id).any(-1)
         stopped = torch.isin(blocks, self._stop_ids).any(-1)
         host = torch.cat([blocks, complete[:, None], stopped[:, None]], dim=1).tolist()  # the one sync
-        results = {request_id: self._row_result(row) for request_id, row in zip(batch.request_ids, host)}
-        if batch.logprob_rows is not None:
-            self._attach_logprobs(batch, results)
-        return StepOutput(rows=results, model_time_s=time.perf_counter() - started)
+        results = {request_id: self._row_result(row) for request_id, row in zip(inputs.request_ids, host)}
+        if inputs.logprob_rows is not None:
+            self._attach_logprobs(inputs, results)
+        return results
 
     def _row_result(self, row: list[int]) -> RowResult:
         """A host row ``[block tokens..., complete, stop found]`` as a RowResult."""
         tokens, complete, stopped = row[:-2], bool(row[-2]), bool(row[-1])
         if not complete:
             return RowResult(False, None, None)
-        return RowResult(True, first_stop(tokens, self.lm.tokens.stop_ids) if stopped else None, tokens)
+        return RowResult(True, first_stop(tokens, self.lm.special_ids.stop_ids) if stopped else None, tokens)
 
-    def _record_logprobs(self, batch: StepBatch, logits: torch.Tensor, candidates: torch.Tensor,
+    def _record_logprobs(self, inputs: StepBatch, logits: torch.Tensor, candidates: torch.Tensor,
                          commit: torch.Tensor) -> None:
         """The log-probabilities of the positions committed now, for the rows that asked."""
-        if self._logprobs is None:
-            self._logprobs = LogprobBuffer(self.max_rows, self.block_length, logits.device)
-        rows = batch.logprob_rows
+        rows = inputs.logprob_rows
         bias = None
-        if batch.bias is not None:
-            dense = logits.new_zeros((batch.num_rows, logits.shape[-1]), dtype=batch.bias.values.dtype)
-            dense[batch.bias.rows] = batch.bias.values
+        if inputs.bias is not None:
+            dense = logits.new_zeros((inputs.num_rows, logits.shape[-1]), dtype=inputs.bias.values.dtype)
+            dense[inputs.bias.rows] = inputs.bias.values
             bias = dense[rows]
-        chosen, top_values, top_ids = token_logprobs(logits[rows], self.lm.tokens.mask_id, candidates[rows],
-                                                     batch.num_top_logprobs, bias)
-        self._logprobs.write(batch.slots[rows], commit[rows], chosen, top_values, top_ids)
+        chosen, top_values, top_ids = token_logprobs(logits[rows], self.lm.special_ids.mask_id, candidates[rows],
+                                                     inputs.num_top_logprobs, bias)
+        self.batch.logprob_buffer().write(inputs.slots[rows], commit[rows], chosen, top_values, top_ids)
 
-    def _attach_logprobs(self, batch: StepBatch, results: dict[str, RowResult]) -> None:
+    def _attach_logprobs(self, inputs: StepBatch, results: dict[str, RowResult]) -> None:
         """Completed blocks of rows that asked get their positions' log-probabilities (a second host
         copy, made only for such rows)."""
-        rows = batch.logprob_rows.tolist()
-        slots = batch.slots[batch.logprob_rows]
-        num_top = batch.num_top_logprobs
-        chosen, values, ids = (self._logprobs.chosen[slots].tolist(),
-                               self._logprobs.top_values[slots, :, :num_top].tolist(),
-                               self._logprobs.top_ids[slots, :, :num_top].tolist())
+        rows = inputs.logprob_rows.tolist()
+        slots = inputs.slots[inputs.logprob_rows]
+        num_top = inputs.num_top_logprobs
+        buffer = self.batch.logprob_buffer()
+        chosen, values, ids = (buffer.chosen[slots].tolist(), buffer.top_values[slots, :, :num_top].tolist(),
+                               buffer.top_ids[slots, :, :num_top].tolist())
         for index, row in enumerate(rows):
-            request_id = batch.request_ids[row]
+            request_id = inputs.request_ids[row]
             result = results[request_id]
             if result.block_tokens is None:
                 continue
-            wanted = batch.logprob_counts[index]
+            wanted = inputs.logprob_counts[index]
             block = [TokenLogprob(token, logprob, tuple(zip(ids[index][j][:wanted], values[index][j][:wanted])))
                      for j, (token, logprob) in enumerate(zip(result.block_tokens, chosen[index]))]
             results[request_id] = dataclasses.replace(result, block_logprobs=block)

@@ -1,7 +1,8 @@
 """A per-forward trace: what every model call computed, as data (cheap enough to stay on).
 
-One record per model call. A call may hold two parts, run as one packed forward (their linear layers
-share one pass over the weights; attention runs per part):
+One record per model call. A call may hold two parts. Eagerly they run as one packed forward: their
+linear layers share one pass over the weights, and attention runs per part. Compiled, they run as two
+forwards (``engine.models.compiled``).
 
 * refresh: full rows, the first denoising step of each row's block; ``refresh_width`` tokens per row,
   each attending to the same ``refresh_width`` columns (the part's bounding box, padding included).

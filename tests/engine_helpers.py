@@ -9,21 +9,23 @@ def chat(text: str) -> list[dict]:
 
 
 class StepRecorder:
-    """Wraps the arena's step builder to see every step: block indices, refresh/window rows, box."""
+    """Wraps the runner to see every step that runs rows: block indices, refresh/window rows, box."""
 
     def __init__(self, engine):
         self.steps: list[dict] = []
-        build = engine.arena.build_step
+        execute = engine.runner.execute
 
-        def recording_build(refresh, window):
-            batch = build(refresh, window)
-            self.steps.append({"block_indices": [r.block_index for r in (*refresh, *window)],
-                               "refresh": {r.request_id for r in refresh},
-                               "window": {r.request_id for r in window},
-                               "box": batch.record.bounding_box_tokens, "rows": batch.num_rows})
-            return batch
+        def recording_execute(scheduled):
+            refresh, window = scheduled.refresh, scheduled.window
+            block_indices = [r.block_index for r in (*refresh, *window)]
+            output = execute(scheduled)
+            if scheduled.num_rows:
+                self.steps.append({"block_indices": block_indices, "refresh": {r.request_id for r in refresh},
+                                   "window": {r.request_id for r in window},
+                                   "box": output.record.bounding_box_tokens, "rows": output.record.rows})
+            return output
 
-        engine.arena.build_step = recording_build
+        engine.runner.execute = recording_execute
 
     @property
     def saw_mixed_batch(self) -> bool:

@@ -38,11 +38,11 @@ def test_a_row_left_padded_into_a_wider_box_gets_bitwise_its_hidden_states_alone
 @pytest.mark.parametrize("rule", ["threshold", "quota"])
 @pytest.mark.parametrize("cache", ["dual", "none"])
 def test_bf16_batched_requests_equal_the_oracle_alone_in_batch_invariant_mode(family, rule, cache):
-    """Mixed prompts at batch 8 on the step schedule (rows at different blocks), bf16, random fixtures
+    """Mixed prompts at batch 8 on the continuous schedule (rows at different blocks), bf16, random fixtures
     (flat distributions, near-ties everywhere: the worst case): every request equals the
     single-request oracle."""
     lm = load_model(FAMILIES[family], dtype="bfloat16")
-    prompts, caps = mixed_prompts(8, lm.vocab_size, lm.tokens.mask_id, seed=3)
+    prompts, caps = mixed_prompts(8, lm.vocab_size, lm.special_ids.mask_id, seed=3)
     assert agreement(lm, RULES[rule], cache, prompts, caps, batch_invariant=True) == 1.0
 
 

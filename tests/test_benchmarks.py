@@ -213,15 +213,15 @@ def test_steering_reads_nothing_back_to_the_host(monkeypatch):
     for name in ("tolist", "item", "__bool__", "__int__", "__index__"):
         original = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name: syncs.append(_n) or _o(self, *a))
-    steered = SteeredModel(lm.model, logit_shift=0, mask_id=lm.tokens.mask_id, eos_id=lm.tokens.eos_id,
-                           stop_ids=lm.tokens.stop_ids, prompt_lengths=[32], answer_lengths=[10],
+    steered = SteeredModel(lm.model, logit_shift=0, mask_id=lm.special_ids.mask_id, eos_id=lm.special_ids.eos_id,
+                           stop_ids=lm.special_ids.stop_ids, prompt_lengths=[32], answer_lengths=[10],
                            canvas_tokens=64, profile=LLADA_THRESHOLD_09)  # rows of 96 = 32 + 64 columns
     for refresh_rows, window_rows in ((2, 0), (0, 2), (1, 2)):
-        refresh, window, arena, _ = _parts(lm, refresh_rows, window_rows, 96, scattered=False)
+        refresh, window, kv_cache, _ = _parts(lm, refresh_rows, window_rows, 96)
         with torch.no_grad():
             syncs.clear()
-            lm.model.logits(lm.model.forward_step(refresh, window, arena))
+            lm.model.logits(lm.model.forward_step(refresh, window, kv_cache))
             base = len(syncs)
             syncs.clear()
-            steered.logits(steered.forward_step(refresh, window, arena))
+            steered.logits(steered.forward_step(refresh, window, kv_cache))
         assert len(syncs) == base, f"steering added host syncs: {syncs}"

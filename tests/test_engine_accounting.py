@@ -29,12 +29,13 @@ def test_the_arena_holds_exactly_the_memory_model_and_rows_leaving_allocate_noth
     from engine.memory import memory_model
 
     engine = tiny_engine_factory(dtype="float32", max_batch_size=4, cache=cache)
-    arena = engine.arena
-    held = [arena.tokens, arena.positions, arena.key_mask] + (arena.kv.keys + arena.kv.values if arena.kv else [])
+    batch = engine.runner.batch
+    kv_cache = batch.kv_cache
+    held = [batch.tokens, batch.positions, batch.key_mask] + (kv_cache.keys + kv_cache.values if kv_cache else [])
     pointers = [tensor.data_ptr() for tensor in held]
     model = memory_model(engine.lm, engine.config)
-    assert model.arena_bytes == arena.num_bytes == sum(t.numel() * t.element_size() for t in held)
+    assert model.arena_bytes == batch.num_bytes == sum(t.numel() * t.element_size() for t in held)
     prompts, caps = mixed_workload(heldout_rows, 10)
     engine.generate(prompts, [SamplingParams(max_new_tokens=cap) for cap in caps])
     assert [tensor.data_ptr() for tensor in held] == pointers  # written in place, never reallocated
-    assert arena.num_free_slots == 4 and arena.num_bytes == model.arena_bytes
+    assert batch.num_free_slots == 4 and batch.num_bytes == model.arena_bytes

@@ -36,8 +36,8 @@ def assert_matches_reference(engine, outputs, caps):
 # Float64: batched and solo runs sum attention over differently padded rows, which can flip a
 # float32 confidence sitting exactly at the threshold; in float64 that never happens in practice.
 @pytest.mark.parametrize("schedule,decoding,cache", [
-    *itertools.product(["step"], ["threshold", "quota", "factor"], ["dual", "prefix", "none"]),
-    *itertools.product(["block"], ["threshold"], ["dual", "prefix", "none"])])
+    *itertools.product(["continuous"], ["threshold", "quota", "factor"], ["dual", "prefix", "none"]),
+    *itertools.product(["block_sync"], ["threshold"], ["dual", "prefix", "none"])])
 def test_batched_requests_equal_the_reference_decoder_alone(tiny_engine_factory, heldout_rows,
                                                             schedule, decoding, cache):
     engine = tiny_engine_factory(schedule=schedule, decoding=decoding, cache=cache, max_batch_size=6,
@@ -46,7 +46,7 @@ def test_batched_requests_equal_the_reference_decoder_alone(tiny_engine_factory,
     prompts, caps = mixed_workload(heldout_rows)
     outputs = engine.generate(prompts, [SamplingParams(max_new_tokens=cap) for cap in caps])
     assert recorder.saw_mixed_batch, "rows never sat at different block indices in one step"
-    if schedule == "step" and cache != "none" and decoding != "quota":
+    if schedule == "continuous" and cache != "none" and decoding != "quota":
         assert recorder.saw_block_starts_beside_window_steps
     assert_matches_reference(engine, outputs, caps)
 

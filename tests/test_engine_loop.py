@@ -7,6 +7,7 @@ is then a fact about step numbers, the same on a quiet machine and on a busy one
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from concurrent.futures import Future
 
@@ -150,9 +151,9 @@ def test_a_stuck_engine_loop_reports_unhealthy_and_recovers_when_the_step_ends(l
 
 
 def test_static_batching_holds_a_lone_request_until_the_batch_is_full_or_the_timeout(lm):
-    config = EngineConfig(**ENGINE, schedule="static")
+    config = EngineConfig(**ENGINE, schedule="static", static_batch_timeout_s=3600.0)
     engine = BlockServeEngine(lm, config)
-    loop = EngineLoop(engine, batching="static", static_batch_timeout_s=3600.0).start()
+    loop = EngineLoop(engine).start()
     try:
         first = loop.submit(chat("count from 1 to 3"), SamplingParams(max_new_tokens=32), "a", stream=False)
         wait_for(lambda: engine.num_pending == 1, "the first request to reach the engine")
@@ -164,8 +165,8 @@ def test_static_batching_holds_a_lone_request_until_the_batch_is_full_or_the_tim
         assert all(output.finish_reason in ("eos", "length") for output in outputs)
     finally:
         loop.stop()
-    engine = BlockServeEngine(lm, config)
-    loop = EngineLoop(engine, batching="static", static_batch_timeout_s=0.05).start()
+    engine = BlockServeEngine(lm, dataclasses.replace(config, static_batch_timeout_s=0.05))
+    loop = EngineLoop(engine).start()
     try:  # ... and a lone request still runs once its timeout passes
         assert submit(loop, chat("count from 1 to 3"), 32, "alone").result(WAIT_S).num_blocks >= 1
     finally:

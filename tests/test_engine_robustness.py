@@ -51,10 +51,10 @@ def test_a_model_whose_argmax_is_mask_still_ends_every_block(tiny_engine_factory
 
     def mask_first(hidden):
         scores = logits(hidden)
-        scores[..., lm.tokens.mask_id] = scores.amax(-1) + 10.0  # MASK is every position's argmax
+        scores[..., lm.special_ids.mask_id] = scores.amax(-1) + 10.0  # MASK is every position's argmax
         return scores
 
     monkeypatch.setattr(lm.model, "logits", mask_first)
     outputs = engine.generate([chat(r["prompt"]) for r in heldout_rows[:4]], SamplingParams(max_new_tokens=64))
-    assert all(o.finish_reason in ("eos", "length") and lm.tokens.mask_id not in o.token_ids for o in outputs)
+    assert all(o.finish_reason in ("eos", "length") and lm.special_ids.mask_id not in o.token_ids for o in outputs)
     assert all(o.num_steps <= o.num_blocks * BLOCK for o in outputs)

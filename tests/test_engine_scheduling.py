@@ -1,4 +1,4 @@
-"""How the engine schedules rows: under the step schedule every running row denoises at every step, a
+"""How the engine schedules rows: under the continuous schedule every running row denoises at every step, a
 finished request leaves at the end of the block that committed its EOS, the bounding box stays within
 the token budget, sorted admission pads less, an overdue wide request is admitted, and abort evicts."""
 import pytest
@@ -7,7 +7,7 @@ from engine import SamplingParams
 from tests.engine_helpers import BLOCK, StepRecorder, chat, mixed_workload
 
 
-def test_a_complete_row_never_waits_for_another_under_the_step_schedule(tiny_engine_factory, heldout_rows):
+def test_a_complete_row_never_waits_for_another_under_the_continuous_schedule(tiny_engine_factory, heldout_rows):
     """Every running row denoises at every step: no row sits out a step waiting for a boundary."""
     engine = tiny_engine_factory(dtype="float32", max_batch_size=4)
     recorder = StepRecorder(engine)
@@ -21,7 +21,7 @@ def test_a_complete_row_never_waits_for_another_under_the_step_schedule(tiny_eng
     assert recorder.saw_block_starts_beside_window_steps
 
 
-@pytest.mark.parametrize("schedule", ["step", "block"])
+@pytest.mark.parametrize("schedule", ["continuous", "block_sync"])
 def test_finished_request_is_evicted_at_the_end_of_the_block_that_committed_eos(
         tiny_engine_factory, heldout_rows, schedule):
     engine = tiny_engine_factory(max_batch_size=4, schedule=schedule)

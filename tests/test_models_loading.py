@@ -61,11 +61,11 @@ def test_special_token_ids_come_from_config_and_tokenizer(loaded, family, mask, 
     config = read_config(FAMILY_DIRS[family])
     ids = {token: lm.tokenizer.convert_tokens_to_ids(token) for token in (mask, eos, end_of_turn)}
     assert len(set(ids.values())) == 3 and lm.tokenizer.unk_token_id not in ids.values()
-    assert lm.tokens.mask_id == ids[mask] == config["mask_token_id"]
-    assert lm.tokens.eos_id == ids[eos] == config["eos_token_id"]
-    assert lm.tokens.pad_id == ids[eos] == config["pad_token_id"]
+    assert lm.special_ids.mask_id == ids[mask] == config["mask_token_id"]
+    assert lm.special_ids.eos_id == ids[eos] == config["eos_token_id"]
+    assert lm.special_ids.pad_id == ids[eos] == config["pad_token_id"]
     # a committed EOS or end-of-turn token ends a request
-    assert set(lm.tokens.stop_ids) == {ids[eos], ids[end_of_turn]}
+    assert set(lm.special_ids.stop_ids) == {ids[eos], ids[end_of_turn]}
     assert lm.tokenizer.mask_token == mask
 
 

@@ -97,7 +97,7 @@ def test_reference_mask_really_is_bidirectional(references, family):
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_logits_match_transformers_reference_unpadded(loaded, references, family):
     lm, reference = loaded[family], references[family]
-    input_ids, position_ids, key_mask = left_padded([9, 9], lm.vocab_size, lm.tokens.pad_id, seed=2)
+    input_ids, position_ids, key_mask = left_padded([9, 9], lm.vocab_size, lm.special_ids.pad_id, seed=2)
     with torch.no_grad():
         expected = reference(input_ids, attention_mask=bidirectional_mask(key_mask),
                              position_ids=position_ids).logits
@@ -110,7 +110,7 @@ def test_logits_match_transformers_reference_unpadded(loaded, references, family
 def test_logits_match_transformers_reference_left_padded(loaded, references, family):
     lm, reference = loaded[family], references[family]
     lengths = [10, 7, 3, 1]
-    input_ids, position_ids, key_mask = left_padded(lengths, lm.vocab_size, lm.tokens.pad_id, seed=3)
+    input_ids, position_ids, key_mask = left_padded(lengths, lm.vocab_size, lm.special_ids.pad_id, seed=3)
     with torch.no_grad():
         expected = reference(input_ids, attention_mask=bidirectional_mask(key_mask),
                              position_ids=position_ids).logits

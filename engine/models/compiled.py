@@ -6,13 +6,13 @@ of guards per call, its elementwise work fused. The layer is a nested compile re
 its code stamped out for every layer, so compile time does not grow with depth as an unrolled trace
 would. The layer's sequence is the eager one (:class:`Layer` ``.forward`` over a one-part plan). On
 CUDA each graph is captured as a CUDA graph (``triton.cudagraphs``, what ``mode="reduce-overhead"``
-sets; the KV arena is marked as a static address, so the graph writes it in place). Shapes are bucketed
+sets; the KV cache is marked as a static address, so the graph writes it in place). Shapes are bucketed
 so a run compiles a bounded number of graphs:
 
-* rows round up to a power of two (at most the arena's slots); padding rows compute on pad tokens,
-  write their keys/values to the arena's scratch column and are dropped;
+* rows round up to a power of two (at most the cache's slots); padding rows compute on pad tokens,
+  write their keys/values to the cache's scratch column and are dropped;
 * a refresh part's width and a window's context round up to the next of a few widths (a bucket
-  extends the box to the left, over columns that are padding for every row of the box: the arena
+  extends the box to the left, over columns that are padding for every row of the box: the cache
   is right-aligned, so the columns are masked keys anyway); a prefix window longer than one block
   rounds up to the next of those widths too.
 
@@ -33,7 +33,7 @@ import threading
 
 import torch
 
-from engine.models.kv_arena import KVArena
+from engine.models.kv_cache import KVCache
 from engine.models.layers import rotary_tables
 from engine.models.packed_step import PartPlan, StepPlan, additive_mask, rotary_dtype
 from engine.models.step_inputs import RefreshPart, WindowPart
@@ -58,7 +58,7 @@ def bucket(value: int, cap: int, buckets: tuple[int, ...] | None = None) -> int:
 
 def max_graphs(max_rows: int, width: int) -> int:
     """How many graphs a run can compile at most: row buckets x (refresh widths + window contexts x
-    window lengths), for rows up to ``max_rows`` in an arena of ``width`` columns."""
+    window lengths), for rows up to ``max_rows`` in a cache of ``width`` columns."""
     rows = len({bucket(n, max_rows) for n in range(1, max_rows + 1)})
     widths = len({bucket(w, width, WIDTH_BUCKETS) for w in range(1, width + 1)}
                  | {bucket(w, 1 << 30, WIDTH_BUCKETS) for w in range(1, width + 1)})
@@ -84,10 +84,10 @@ def raise_recompile_limits(graphs: int) -> None:
 def _layer(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns,
            rows: int, length: int, context_rows: int, context_start: int) -> torch.Tensor:
     """One layer over one part (``rows`` x ``length`` tokens), as eager runs it: ``context_rows`` 0,
-    the part attends to its own keys; else to arena slots ``[0, context_rows)`` from ``context_start``."""
+    the part attends to its own keys; else to cache slots ``[0, context_rows)`` from ``context_start``."""
     write = (write_slots, slice(None), slice(None), write_columns) if kv_layer is not None else None
     context = (kv_layer[:context_rows, :, :, context_start:kv_layer.shape[3] - 1],) if context_rows else None
-    plan = StepPlan([PartPlan(rows, length, 0, mask, write, context, None)], cos, signed_sin, (kv_layer,))
+    plan = StepPlan([PartPlan(rows, length, 0, mask, write, context)], cos, signed_sin, (kv_layer,))
     return layer(x, plan, 0)
 
 
@@ -139,27 +139,27 @@ class CompiledForward:
         self.model, self.max_rows = model, max_rows
         self.cuda_graphs = model.embed_tokens.weight.device.type == "cuda"
         self.forward = compiled_forward(self.cuda_graphs)
-        self.static_arenas: set[int] = set()
+        self.static_caches: set[int] = set()
         self.shapes: set[tuple] = set()  # the bucketed shapes compiled so far: one graph each
         self.eager_shapes: dict[tuple, str] = {}  # shapes whose compilation failed -> the cause
 
     def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
-                     arena: KVArena | None) -> torch.Tensor:
+                     kv_cache: KVCache | None) -> torch.Tensor:
         hidden = []
         if refresh is not None:
-            hidden.append(self._part(self._refresh, refresh, arena))
+            hidden.append(self._part(self._refresh, refresh, kv_cache))
         if window is not None:
-            hidden.append(self._part(self._window, window, arena))
+            hidden.append(self._part(self._window, window, kv_cache))
         return torch.cat(hidden) if len(hidden) > 1 else hidden[0]
 
-    def _part(self, run, part: RefreshPart | WindowPart, arena: KVArena | None) -> torch.Tensor:
+    def _part(self, run, part: RefreshPart | WindowPart, kv_cache: KVCache | None) -> torch.Tensor:
         """One part through its compiled graph, or eagerly if that graph failed to compile."""
-        width = arena.width if arena is not None else part.tokens.shape[1]
+        width = kv_cache.width if kv_cache is not None else part.tokens.shape[1]
         raise_recompile_limits(max_graphs(max(self.max_rows, part.tokens.shape[0]), width))
-        key = self._shape_key(part, arena)
+        key = self._shape_key(part, kv_cache)
         if key not in self.eager_shapes:
             try:
-                return run(part, arena)
+                return run(part, kv_cache)
             except COMPILE_ERRORS as error:
                 cause = f"{type(error).__name__}: {next(iter(str(error).splitlines()), '')}"
                 self.eager_shapes[key] = cause
@@ -167,45 +167,45 @@ class CompiledForward:
                 logger.warning("compiling the %s step of %d rows x %d tokens failed (%s); this shape "
                                "runs eagerly from now on", key[0], key[1], key[2], cause)
         if isinstance(part, RefreshPart):
-            return self.model.forward_step_eager(part, None, arena)
-        return self.model.forward_step_eager(None, part, arena)
+            return self.model.forward_step_eager(part, None, kv_cache)
+        return self.model.forward_step_eager(None, part, kv_cache)
 
     @property
     def compile_failures(self) -> dict[str, str]:
         """Each shape that runs eagerly because its compilation failed, and why."""
         return {f"{kind} {rows}x{length}": cause for (kind, rows, length, _), cause in self.eager_shapes.items()}
 
-    def _shape_key(self, part: RefreshPart | WindowPart, arena: KVArena | None) -> tuple:
+    def _shape_key(self, part: RefreshPart | WindowPart, kv_cache: KVCache | None) -> tuple:
         """``(kind, rows, length, keys)`` of the bucketed forward that runs ``part``: its graph."""
         if isinstance(part, RefreshPart):
-            rows, length, grow = self._refresh_shape(part, arena)
+            rows, length, grow = self._refresh_shape(part, kv_cache)
             return "refresh", rows, length, length
-        rows, length, context = self._window_shape(part, arena)
+        rows, length, context = self._window_shape(part, kv_cache)
         return "window", rows, length, context
 
-    def _refresh_shape(self, part: RefreshPart, arena: KVArena | None) -> tuple[int, int, int]:
+    def _refresh_shape(self, part: RefreshPart, kv_cache: KVCache | None) -> tuple[int, int, int]:
         """Bucketed rows and width of a refresh part, and the columns added on its left."""
         rows, length = part.tokens.shape
         padded_rows = bucket(rows, max(self.max_rows, rows))
-        padded_length = bucket(length, arena.width if part.slots is not None else 1 << 30, WIDTH_BUCKETS)
+        padded_length = bucket(length, kv_cache.width if part.slots is not None else 1 << 30, WIDTH_BUCKETS)
         grow = padded_length - length
         if part.slots is not None and part.first_column - grow < 0:
             grow = part.first_column
             padded_length = length + grow
         return padded_rows, padded_length, grow
 
-    def _window_shape(self, part: WindowPart, arena: KVArena) -> tuple[int, int, int]:
+    def _window_shape(self, part: WindowPart, kv_cache: KVCache) -> tuple[int, int, int]:
         """Bucketed rows, length and context of a window part: a window of one block (a dual
         window, or a prefix window in each row's last block) keeps its length."""
         rows, length = part.tokens.shape
-        padded_rows = bucket(rows, arena.kv.shape[1])
+        padded_rows = bucket(rows, kv_cache.data.shape[1])
         padded_length = length if length <= part.num_read + 1 else bucket(length, 1 << 30, WIDTH_BUCKETS)
-        context = bucket(arena.width - part.context_start, arena.width, WIDTH_BUCKETS)
+        context = bucket(kv_cache.width - part.context_start, kv_cache.width, WIDTH_BUCKETS)
         return padded_rows, padded_length, context
 
-    def _refresh(self, part: RefreshPart, arena: KVArena | None) -> torch.Tensor:
+    def _refresh(self, part: RefreshPart, kv_cache: KVCache | None) -> torch.Tensor:
         rows, length = part.tokens.shape
-        padded_rows, padded_length, grow = self._refresh_shape(part, arena)
+        padded_rows, padded_length, grow = self._refresh_shape(part, kv_cache)
         tokens = _pad(part.tokens, padded_rows, grow, 0)
         positions = _pad(part.positions, padded_rows, grow, 0)
         key_mask = _pad(part.key_mask, padded_rows, grow, False)
@@ -215,37 +215,34 @@ class CompiledForward:
             write_slots = _pad(part.slots[:, None], padded_rows, 0, 0)
             columns = torch.arange(part.first_column - grow, part.first_column + length, device=tokens.device)
             write_columns = columns.expand(padded_rows, -1).clone()
-            write_columns[rows:] = arena.width  # padding rows write the scratch column only
-        x = self._layers(tokens, positions, key_mask, arena if part.slots is not None else None,
+            write_columns[rows:] = kv_cache.width  # padding rows write the scratch column only
+        x = self._layers(tokens, positions, key_mask, kv_cache if part.slots is not None else None,
                          write_slots, write_columns, padded_rows, padded_length, 0, 0, "refresh")
         hidden = x.view(padded_rows, padded_length, -1)[:rows, grow:]
         return self._read(part, hidden)
 
-    def _window(self, part: WindowPart, arena: KVArena) -> torch.Tensor:
+    def _window(self, part: WindowPart, kv_cache: KVCache) -> torch.Tensor:
         rows, length = part.tokens.shape
-        first, count = part.slot_range if part.slot_range is not None else (None, None)
-        if first != 0 or count != rows:  # only rows packed from slot 0 (the engine's layout) compile
-            return self.model.forward_step_eager(None, part, arena)
-        padded_rows, padded_length, context = self._window_shape(part, arena)
-        start = arena.width - context
+        padded_rows, padded_length, context = self._window_shape(part, kv_cache)
+        start = kv_cache.width - context
         tokens = _pad(part.tokens, padded_rows, 0, 0, padded_length)
         positions = _pad(part.positions, padded_rows, 0, 0, padded_length)
         write_slots = torch.arange(padded_rows, device=tokens.device)[:, None]
-        write_columns = _pad(part.columns, padded_rows, 0, arena.width, padded_length)  # pads: scratch
-        key_mask = arena.key_mask[:padded_rows, start:arena.width].clone()
+        write_columns = _pad(part.columns, padded_rows, 0, kv_cache.width, padded_length)  # pads: scratch
+        key_mask = kv_cache.key_mask[:padded_rows, start:kv_cache.width].clone()
         key_mask[rows:, -1] = True  # padding rows (free or refreshing slots) see one key, are dropped
-        x = self._layers(tokens, positions, key_mask, arena, write_slots, write_columns, padded_rows,
+        x = self._layers(tokens, positions, key_mask, kv_cache, write_slots, write_columns, padded_rows,
                          padded_length, padded_rows, start, "window")
         return self._read(part, x.view(padded_rows, padded_length, -1)[:rows])
 
-    def _layers(self, tokens, positions, key_mask, arena, write_slots, write_columns, rows, length,
+    def _layers(self, tokens, positions, key_mask, kv_cache, write_slots, write_columns, rows, length,
                 context_rows, context_start, kind) -> torch.Tensor:
         self.shapes.add((kind, rows, length, key_mask.shape[1]))
-        kv = arena.kv if arena is not None else None
+        kv = kv_cache.data if kv_cache is not None else None
         if self.cuda_graphs:
-            if kv is not None and id(kv) not in self.static_arenas:
-                torch._dynamo.mark_static_address(kv)  # captured graphs write the arena in place
-                self.static_arenas.add(id(kv))
+            if kv is not None and id(kv) not in self.static_caches:
+                torch._dynamo.mark_static_address(kv)  # captured graphs write the cache in place
+                self.static_caches.add(id(kv))
             torch.compiler.cudagraph_mark_step_begin()  # earlier outputs were copied out (see _read)
         return self.forward(self.model, tokens, positions, key_mask, kv, write_slots, write_columns,
                             rows, length, context_rows, context_start)

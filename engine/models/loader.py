@@ -20,7 +20,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 
 @dataclass(frozen=True)
-class SpecialTokens:
+class SpecialTokenIds:
     mask_id: int
     eos_id: int
     pad_id: int
@@ -35,7 +35,7 @@ class DiffusionLM:
     family: str
     model: BidirectionalTransformer
     tokenizer: PreTrainedTokenizerBase
-    tokens: SpecialTokens
+    special_ids: SpecialTokenIds
     logit_shift: int  # hidden state at column c predicts the token at column c + logit_shift
     max_length: int  # longest row (prompt + canvas) the model accepts
 
@@ -99,8 +99,8 @@ def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
 
 
-def special_tokens(config: dict, generation_config: dict, tokenizer: PreTrainedTokenizerBase,
-                   family: ModuleType) -> SpecialTokens:
+def special_token_ids(config: dict, generation_config: dict, tokenizer: PreTrainedTokenizerBase,
+                   family: ModuleType) -> SpecialTokenIds:
     def token_id(token: str) -> int | None:
         found = tokenizer.convert_tokens_to_ids(token)
         return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
@@ -118,7 +118,7 @@ def special_tokens(config: dict, generation_config: dict, tokenizer: PreTrainedT
     end_of_turn = token_id(family.END_OF_TURN_TOKEN)
     if end_of_turn is not None:
         stops.add(end_of_turn)
-    return SpecialTokens(mask_id=mask_id, eos_id=eos_id, pad_id=eos_id if pad_id is None else pad_id,
+    return SpecialTokenIds(mask_id=mask_id, eos_id=eos_id, pad_id=eos_id if pad_id is None else pad_id,
                          stop_ids=tuple(sorted(stops)))
 
 
@@ -133,7 +133,7 @@ def load_model(model: str | Path, device: str | torch.device = "cpu",
     load_weights(transformer, directory, family.WEIGHT_NAMES.ours, torch.device(device), resolve_dtype(dtype))
     transformer.eval().requires_grad_(False)
     tokenizer = load_tokenizer(directory)
-    tokens = special_tokens(config, read_json(directory / "generation_config.json"), tokenizer, family)
+    special_ids = special_token_ids(config, read_json(directory / "generation_config.json"), tokenizer, family)
     return DiffusionLM(
-        name=str(model), family=family.FAMILY, model=transformer, tokenizer=tokenizer, tokens=tokens,
+        name=str(model), family=family.FAMILY, model=transformer, tokenizer=tokenizer, special_ids=special_ids,
         logit_shift=family.LOGIT_SHIFT, max_length=transformer_config.max_position_embeddings)

@@ -1,6 +1,6 @@
-"""What one packed forward is given besides the KV arena (``engine.models.kv_arena``): the two parts of a step.
+"""What one packed forward is given besides the KV cache (``engine.models.kv_cache``): a step's two parts.
 
-Data only; the transformer (``engine.models.transformer``) computes, ``engine.batch`` builds them.
+The transformer (``engine.models.transformer``) computes them; ``engine.batch_inputs`` builds them.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 class RefreshPart:
     """Whole rows ``[rows, w]``: a block's first step, which also (re)builds the rows' cache.
 
-    With ``slots`` set, each row's keys/values are written to arena columns
+    With ``slots`` set, each row's keys/values are written to cache columns
     ``[first_column, first_column + w)`` of its slot.
     """
 
@@ -34,7 +34,8 @@ class RefreshPart:
 class WindowPart:
     """A window of columns per row ``[rows, n]`` against the rows' cached keys/values.
 
-    Its own keys/values replace the cached ones at ``columns``; attention reads arena columns from
+    Row i holds cache slot i: the window rows are packed into slots ``[0, rows)``, in order. Its own
+    keys/values replace the cached ones at ``columns``. Attention reads cache columns from
     ``context_start`` on (the bounding box of these rows). The hidden states of positions
     ``max(j - read_shift, 0)`` for ``j < num_read`` are returned: with a shifted family whose window
     starts at the block (``read_shift`` 1), block position j is predicted by window position j - 1.
@@ -42,15 +43,11 @@ class WindowPart:
 
     tokens: torch.Tensor
     positions: torch.Tensor
-    columns: torch.Tensor  # [rows, n] arena columns (the scratch column for a ragged window's tail)
-    slots: torch.Tensor  # [rows]
+    columns: torch.Tensor  # [rows, n] cache columns (the scratch column for a ragged window's tail)
     context_start: int
     num_read: int
-    slot_range: tuple[int, int] | None = None  # (first slot, count): consecutive slots holding every
-    # row, in slot order; attention reads them as one view of the arena. None: gather the rows' cache
     read_shift: int = 0
     row_widths: tuple[int, ...] = ()  # host: each row's keys, the last columns of the context (): all of it
-    row_slots: tuple[int, ...] = ()  # host: each row's slot (for per-row attention over a slot range)
     row_tokens: tuple[int, ...] = ()  # host: each row's real window tokens, from the left (): all of them
 
     @property

@@ -7,14 +7,14 @@ with **no causal mask**. Two things make it fit mixed-state batching:
   positions it would see alone.
 * A forward runs up to two *parts* packed together (:meth:`BidirectionalTransformer.forward_step`):
   whole rows (a block's first step, which also writes the rows' keys/values into a preallocated
-  :class:`KVArena`) and windows of columns per row (each row its own columns) that attend to the rows'
+  :class:`KVCache`) and windows of columns per row (each row its own columns) that attend to the rows'
   cached keys/values. The parts share every linear layer (one pass over the weights); attention runs per
   part. A window's own keys/values replace the cached ones in place, which gives the "dual cache" step
   when the window is the active block and the "prefix cache" step when it is the active block plus
   everything after it (the columns before it are then the cached prefix).
 
 Keys are cached after RoPE: a column's position never changes for a row, so rotating once is enough.
-The arena has one trailing "scratch" column that is always masked out; window entries that do not
+The cache has one trailing "scratch" column that is always masked out; window entries that do not
 exist for a row (rows with shorter windows) are pointed at it, so a ragged window is still one dense
 scatter with no Python loop over rows.
 """
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.config import TransformerConfig
-from engine.models.kv_arena import KVArena
+from engine.models.kv_cache import KVCache
 from engine.models.layers import RMSNorm, attend, rotate_
 from engine.models.packed_step import PartPlan, StepPlan, plan_step, rotary_dtype
 from engine.models.step_inputs import RefreshPart, WindowPart
@@ -124,19 +124,14 @@ class Attention(nn.Module):
             keys, values = new_kv.transpose(1, 3).unbind(2)  # [rows, kv_heads, length, d] each
             return attend(q, keys, values, part.mask)
         keys, values = part.context[layer].unbind(1)
-        if part.scatter_rows is None:
-            return attend(q, keys, values, part.mask)
-        placed = q.new_zeros((keys.shape[0], *q.shape[1:])).index_copy_(0, part.scatter_rows, q)
-        out = attend(placed, keys, values, part.mask)
-        return out.view(keys.shape[0], -1)[part.scatter_rows].view(part.num_tokens, -1)
-
+        return attend(q, keys, values, part.mask)
 
     def _attend_each_row(self, q: torch.Tensor, new_kv: torch.Tensor, part: PartPlan, layer: int) -> torch.Tensor:
         """Batch-invariant attention: each row alone, over exactly its own keys (and, in a refresh part,
         its own queries), so every kernel sees the shapes it would see in a batch of one and a row's
         numbers cannot depend on its neighbours or on the box's width. Pad queries get zeros."""
         if len(part.context_rows) != part.rows:
-            raise ValueError("batch-invariant attention needs each window row's slot (WindowPart.row_slots)")
+            raise ValueError("batch-invariant attention needs each row's place in the context (PartPlan.context_rows)")
         out = q.new_zeros(part.rows, part.length, self.num_heads * self.head_dim)
         for row, (place, num_keys) in enumerate(zip(part.context_rows, part.row_keys)):
             if part.context is None:  # refresh: the row's own tokens are its queries and its keys
@@ -204,15 +199,15 @@ class BidirectionalTransformer(nn.Module):
         return self.forward_step(RefreshPart(input_ids, position_ids, key_mask, columns), None, None)
 
     def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
-                     arena: KVArena | None) -> torch.Tensor:
+                     kv_cache: KVCache | None) -> torch.Tensor:
         """One packed forward of a refresh part and/or a window part (compiled after
         :meth:`use_compiled`).
 
         Returns the hidden states the parts ask for, refresh rows first: ``[rows, n, hidden]``.
         """
         if self.compiled is not None:
-            return self.compiled.forward_step(refresh, window, arena)
-        return self.forward_step_eager(refresh, window, arena)
+            return self.compiled.forward_step(refresh, window, kv_cache)
+        return self.forward_step_eager(refresh, window, kv_cache)
 
     def use_compiled(self, enabled: bool, max_rows: int) -> None:
         """Run forwards through compiled, shape-bucketed layers (``engine.models.compiled``) or eagerly.
@@ -236,9 +231,9 @@ class BidirectionalTransformer(nn.Module):
         return x * self.config.embedding_scale if self.config.embedding_scale != 1.0 else x
 
     def forward_step_eager(self, refresh: RefreshPart | None, window: WindowPart | None,
-                           arena: KVArena | None) -> torch.Tensor:
+                           kv_cache: KVCache | None) -> torch.Tensor:
         config = self.config
-        plan = plan_step(refresh, window, arena, rotary_dtype(self.dtype, config.rope_full_precision),
+        plan = plan_step(refresh, window, kv_cache, rotary_dtype(self.dtype, config.rope_full_precision),
                          self.dtype, config.head_dim, config.rope_theta)
         parts = [p for p in (refresh, window) if p is not None]
         tokens = torch.cat([p.tokens.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].tokens.reshape(-1)

@@ -1,4 +1,6 @@
-"""The packages import in one direction: no module reaches itself again through its imports.
+"""Import boundaries. The packages import in one direction: no module reaches itself again through its
+imports. Light modules stay light: the engine never imports Ray, ``actors`` loads neither torch nor
+Ray, and the scheduler loads neither torch nor transformers.
 
 Every import counts, also one inside a function or under ``TYPE_CHECKING``: a deferred import hides a
 tangle, it does not remove it. Importing ``a.b.c`` also runs the ``__init__`` of packages ``a.b`` and
@@ -7,6 +9,8 @@ tangle, it does not remove it. Importing ``a.b.c`` also runs the ``__init__`` of
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,3 +106,23 @@ def test_the_cycle_finder_sees_a_cycle_through_a_deferred_import():
     assert cycles(graph) == [["a", "b", "c"]]
     tree = ast.parse("def f():\n    from tinylm.tasks import vocabulary_words\n")
     assert "tinylm.tasks" in imported_names(tree, "tinylm.tokenizer", is_package=False)
+
+
+def modules_loaded_by(code: str) -> set[str]:
+    """The top-level modules a fresh interpreter holds after running ``code``."""
+    probe = f"{code}; import sys; print(' '.join(sorted({{name.split('.')[0] for name in sys.modules}})))"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    return set(result.stdout.split())
+
+
+def test_importing_the_engine_never_imports_ray():
+    assert "ray" not in modules_loaded_by("import engine, engine.engine, engine.models")
+
+
+def test_importing_actors_loads_neither_torch_nor_ray():
+    code = "import actors; assert 'BlockServeActor' in actors.__all__"
+    assert not {"torch", "ray"} & modules_loaded_by(code)
+
+
+def test_importing_the_scheduler_loads_neither_torch_nor_transformers():
+    assert not {"torch", "transformers"} & modules_loaded_by("import engine.scheduler")

@@ -1,5 +1,7 @@
-"""The preallocated KV arena: every layer's keys and values for every slot (the cache the transformer
-reads; ``engine.batch.RowArena`` owns one and places rows in it)."""
+"""The preallocated KV cache: every layer's keys and values for every slot.
+
+The transformer reads and writes it; ``engine.batch.PersistentBatch`` owns one and places rows in it.
+"""
 from __future__ import annotations
 
 import torch
@@ -7,8 +9,8 @@ import torch
 from engine.models.config import TransformerConfig
 
 
-class KVArena:
-    """Preallocated keys/values of every layer in one tensor
+class KVCache:
+    """Preallocated keys/values of every layer in one tensor, :attr:`data`
     ``[layers, slots, 2 (key, value), kv_heads, width + 1, head_dim]``, written in place.
 
     A request owns one slot while it runs; its row sits right-aligned in the slot (columns
@@ -20,8 +22,8 @@ class KVArena:
     def __init__(self, config: TransformerConfig, slots: int, width: int, dtype: torch.dtype,
                  device: torch.device):
         shape = (config.num_layers, slots, 2, config.num_kv_heads, width + 1, config.head_dim)
-        self.kv = torch.zeros(shape, dtype=dtype, device=device)
-        self.layers = self.kv.unbind(0)  # per-layer views, made once
+        self.data = torch.zeros(shape, dtype=dtype, device=device)
+        self.layers = self.data.unbind(0)  # per-layer views, made once
         self.key_mask = torch.zeros((slots, width + 1), dtype=torch.bool, device=device)
 
     @property
@@ -43,7 +45,7 @@ class KVArena:
 
     @property
     def num_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.kv, self.key_mask))
+        return sum(t.numel() * t.element_size() for t in (self.data, self.key_mask))
 
     @staticmethod
     def bytes_per_slot_column(config: TransformerConfig, dtype: torch.dtype) -> int:
