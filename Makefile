@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
-	$(VENV)/bin/pip install --quiet -e ".[test]"
+	$(VENV)/bin/pip install --quiet -e ".[test,bench]"
 	touch $(STAMP)
 
 install: $(STAMP)
