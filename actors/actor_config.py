@@ -7,9 +7,16 @@ The three ways to build actors read this one type: ``BlockServeActor(**fields)``
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from engine import EngineConfig, SamplingParams
+from engine.models.options import ModelOptions
+
+MODEL_OPTIONS = ("compile", "batch_invariant")  # options of the loaded model, not of its engines
+COMPILE_DESCRIPTION = ("load the model compiled: one graph per bucketed forward shape "
+                       "(engine/models/compiled.py); not with batch_invariant")
+BATCH_INVARIANT_DESCRIPTION = ("load the model batch-invariant: a row's tokens independent of its batch in bf16 "
+                               "too (each row's attention alone; on CUDA, process-wide cuBLAS settings)")
 
 
 def offline_engine_config(**fields: object) -> EngineConfig:
@@ -21,6 +28,14 @@ def offline_engine_config(**fields: object) -> EngineConfig:
     return EngineConfig.from_dict({"sort_pending": False, **fields})
 
 
+def refuse_model_options_in_engine(engine: object) -> None:
+    """A ``compile`` or ``batch_invariant`` key in an engine section is an error naming its key."""
+    moved = [key for key in MODEL_OPTIONS if isinstance(engine, dict) and key in engine]
+    if moved:
+        raise ValueError(f"{', '.join(moved)}: not an engine setting; an option of the loaded model, set at "
+                         f"the top level ({', '.join(f'{key}: true' for key in moved)})")
+
+
 class ActorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -28,6 +43,8 @@ class ActorConfig(BaseModel):
     dtype: str = Field("float32", description="weights and activations: float32, bfloat16, float16")
     device: str = Field("auto", description="auto: CUDA when the actor has a GPU, else the CPU; or a torch "
                         "device such as cpu, cuda, cuda:1")
+    compile: bool = Field(False, description=COMPILE_DESCRIPTION)
+    batch_invariant: bool = Field(False, description=BATCH_INVARIANT_DESCRIPTION)
     engine: EngineConfig = Field(default_factory=offline_engine_config,
                                  description="EngineConfig fields; sort_pending defaults to False here")
     sampling: SamplingParams = Field(default_factory=SamplingParams,
@@ -59,7 +76,14 @@ class ActorConfig(BaseModel):
     @field_validator("engine", mode="before")
     @classmethod
     def _offline_defaults(cls, value: object) -> object:
+        refuse_model_options_in_engine(value)
         return {"sort_pending": False, **value} if isinstance(value, dict) else value
+
+    @field_validator("batch_invariant")
+    @classmethod
+    def _model_options_valid(cls, value: bool, info: ValidationInfo) -> bool:
+        ModelOptions(compile=info.data.get("compile", False), batch_invariant=value)  # raises naming the option
+        return value
 
     @field_validator("sampling")
     @classmethod

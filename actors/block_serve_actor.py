@@ -73,7 +73,8 @@ class BlockServeActor:
         self.columns = {"messages": config.messages_column, "prompt": config.prompt_column,
                         "sampling_params": "sampling_params"}
         self.engine = BlockServeEngine.from_pretrained(config.model, config.engine, device=self.device,
-                                                       dtype=config.dtype)
+                                                       dtype=config.dtype, compile=config.compile,
+                                                       batch_invariant=config.batch_invariant)
         self.placement = current_placement()
         self.instance_id = uuid.uuid4().hex
         self.gate = BatchGate()

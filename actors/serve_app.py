@@ -18,17 +18,19 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from ray import serve
 from ray.serve import Application
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from actors.actor_config import BATCH_INVARIANT_DESCRIPTION, COMPILE_DESCRIPTION, refuse_model_options_in_engine
 from actors.api_keys import authorize, check_exposure, resolve_api_key, serve_http_host
 from actors.engine_loop import EngineLoop
 from actors.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, validation_error
 from actors.openai_server import OpenAIServer, dump
 from actors.serve_metrics import ServeMetrics
 from engine import BlockServeEngine, EngineConfig
+from engine.models.options import ModelOptions
 
 DEPLOYMENT_NAME = "BlockServeOpenAI"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -44,6 +46,8 @@ class ServeAppConfig(BaseModel):
     served_model_name: str | None = None  # None: "blockserve-tiny" for "tiny", else `model` itself
     device: str = "cpu"
     dtype: str = "float32"
+    compile: bool = Field(False, description=COMPILE_DESCRIPTION)
+    batch_invariant: bool = Field(False, description=BATCH_INVARIANT_DESCRIPTION)
     engine: dict[str, Any] = Field(default_factory=dict)  # EngineConfig fields
     max_pending: int = Field(64, ge=1)  # waiting requests per replica before 429
     max_tokens_limit: int | None = Field(None, ge=1)  # None: the longest canvas the model fits
@@ -58,6 +62,7 @@ class ServeAppConfig(BaseModel):
     @field_validator("engine")
     @classmethod
     def _engine_config_is_valid(cls, value: dict[str, Any]) -> dict[str, Any]:
+        refuse_model_options_in_engine(value)
         EngineConfig.from_dict(value)  # raises ValueError naming the bad key or value
         return value
 
@@ -69,6 +74,12 @@ class ServeAppConfig(BaseModel):
             raise ValueError(f"{moved} are gone: the static batcher is engine.schedule: 'static' with "
                              "engine.static_batch_timeout_s")
         return values
+
+    @field_validator("batch_invariant")
+    @classmethod
+    def _model_options_valid(cls, value: bool, info: ValidationInfo) -> bool:
+        ModelOptions(compile=info.data.get("compile", False), batch_invariant=value)  # raises naming the option
+        return value
 
     @property
     def name(self) -> str:
@@ -129,7 +140,9 @@ class BlockServeOpenAI:
         if self.config.torch_threads:
             torch.set_num_threads(self.config.torch_threads)
         engine = BlockServeEngine.from_pretrained(self.config.model, self.config.engine_config(),
-                                                  device=self.config.device, dtype=self.config.dtype)
+                                                  device=self.config.device, dtype=self.config.dtype,
+                                                  compile=self.config.compile,
+                                                  batch_invariant=self.config.batch_invariant)
         self.metrics = ServeMetrics(self.config.name)
         self.loop = EngineLoop(engine, max_pending=self.config.max_pending,
                                stall_timeout_s=self.config.stall_timeout_s,

@@ -10,7 +10,7 @@ Experiments (``python -m benchmarks <experiment> --help`` lists each one's own o
     compiled-step      eager vs compiled steps on a 32-layer tiny-dimension LLaDA
     aging              what max_wait_s costs on a steady stream
     exactness          batched == solo share per family, dtype, rule, cache
-    batch-invariant    what EngineConfig(batch_invariant=True) costs: CPU measured, H200 projected
+    batch-invariant    what load_model(batch_invariant=True) costs: CPU measured, H200 projected
     serve-load         online serving: step vs block vs static loops under Poisson arrivals
     pipeline           Ray Data actor vs bare engine
     long-input         pathological inputs over HTTP and in the batch job (issue 22)

@@ -1,4 +1,4 @@
-"""What batch-invariant bf16 costs: CPU tokens/s with and without ``EngineConfig(batch_invariant=True)``,
+"""What batch-invariant bf16 costs: CPU tokens/s of a model loaded with and without ``batch_invariant=True``,
 measured side by side, and the cost on an H200 projected from the same runs' traces.
 
     python -m benchmarks batch-invariant --scale full      # HumanEval replay, 64 requests, 3 rounds
@@ -78,7 +78,7 @@ def host_models(host: HostModel) -> dict[str, HostModel]:
     """``host``'s seconds per operation with each mode's own operation counts per step kind."""
     models = {}
     for label, on in MODES.items():
-        kinds = per_layer_ops("tiny-llada", batch_invariant=on)["kinds"]
+        kinds = per_layer_ops("tiny-llada", options={"batch_invariant": on})["kinds"]
         models[label] = dataclasses.replace(host, fixed_ops={k: v["fixed"] for k, v in kinds.items()},
                                             ops_per_layer={k: v["per_layer"] for k, v in kinds.items()})
     return models
@@ -113,11 +113,11 @@ def main(argv: list[str] | None = None) -> dict:
           {name: f"{share:.2e}" for name, share in mismatch.items() if name != "elements"},
           f"of {mismatch['elements']:,}", flush=True)
     sizes = SCALES[args.scale] | {key: getattr(args, key) for key in ("requests", "rounds") if getattr(args, key)}
-    lm = load_model(args.model, dtype="bfloat16")
-    workload = replay("humaneval", lm, sizes["requests"])
-    variants = {label: {"system": "step", "max_batch_size": args.batch_size, "batch_invariant": on}
+    models = {on: load_model(args.model, dtype="bfloat16", batch_invariant=on) for on in MODES.values()}
+    workload = replay("humaneval", models[False], sizes["requests"])
+    variants = {label: {"system": "step", "max_batch_size": args.batch_size, "lm": workload.steered(models[on])}
                 for label, on in MODES.items()}
-    runs = interleaved(workload.steered(lm), variants, workload.workload, sizes["rounds"])
+    runs = interleaved(models[False], variants, workload.workload, sizes["rounds"])
     result = {"requests": sizes["requests"], "rounds": sizes["rounds"], "batch_size": args.batch_size,
               "padded_row_mismatch": mismatch, "modes": {}}
     for label, results in runs.items():

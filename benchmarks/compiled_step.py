@@ -18,7 +18,6 @@ schedules on one compiled model and reports the graphs it compiled.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import time
@@ -29,26 +28,26 @@ from benchmarks.host_ops import FIXTURES, mixed_prompts, with_layers
 from benchmarks.summary import median
 from engine import BlockServeEngine, EngineConfig
 from engine.config import SCHEDULES
-from engine.models import load_model
-from engine.models.loader import DiffusionLM
+from engine.models import ModelOptions, load_model
+from engine.models.loader import DiffusionLM, apply_model_options
 from engine.models.transformer import BidirectionalTransformer
 
 # the kernels that do a step's arithmetic (GEMMs, attention): what compiling cannot remove
 KERNELS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu")
 
 
-def timed_run(lm, prompts, params, compile: bool) -> tuple[list[list[int]], list[float]]:
+def timed_run(lm: DiffusionLM, prompts, params) -> tuple[list[list[int]], list[float]]:
     """Tokens of every request and the wall time of every step, the workload queued at once."""
-    tokens, times = lockstep({compile: lm}, prompts, params)
-    return tokens[compile], times[compile]
+    mode = lm.options.compile
+    tokens, times = lockstep({mode: lm}, prompts, params)
+    return tokens[mode], times[mode]
 
 
 def lockstep(models: dict[bool, DiffusionLM], prompts, params) -> tuple[dict, dict]:
-    """One engine per mode (compile False / True: each its own model object with the same weights),
+    """One engine per mode (compile False / True: each its own model object, loaded so, same weights),
     the same workload queued on each, stepped alternately: step i of both runs the same batch, side by
     side in time, so a change in the machine's load falls on both. Tokens and step times per mode."""
-    engines = {mode: BlockServeEngine(lm, EngineConfig(max_batch_size=8, compile=mode))
-               for mode, lm in models.items()}
+    engines = {mode: BlockServeEngine(lm, EngineConfig(max_batch_size=8)) for mode, lm in models.items()}
     ids = {mode: [engine.add_request(p, q) for p, q in zip(prompts, params)] for mode, engine in engines.items()}
     outputs = {mode: {} for mode in engines}
     times = {mode: [] for mode in engines}
@@ -62,10 +61,11 @@ def lockstep(models: dict[bool, DiffusionLM], prompts, params) -> tuple[dict, di
     return {mode: [outputs[mode][i] for i in ids[mode]] for mode in engines}, times
 
 
-def llada_shaped(layers: int, hidden: int | None = None, heads: int | None = None) -> DiffusionLM:
+def llada_shaped(layers: int, hidden: int | None = None, heads: int | None = None,
+                 compile: bool = False) -> DiffusionLM:
     """The LLaDA test fixture's family and tokenizer with ``layers`` random layers, optionally narrower
-    (``hidden``, ``heads``; the MLP keeps its 2x ratio)."""
-    lm = with_layers(load_model(FIXTURES / "tiny-llada", dtype="float32"), layers)
+    (``hidden``, ``heads``; the MLP keeps its 2x ratio), run compiled or not: the same weights either way."""
+    lm = with_layers(load_model(FIXTURES / "tiny-llada", dtype="float32"), layers, compile=compile)
     if hidden is None and heads is None:
         return lm
     config = lm.model.config
@@ -75,15 +75,16 @@ def llada_shaped(layers: int, hidden: int | None = None, heads: int | None = Non
                                  intermediate_size=2 * hidden)
     torch.manual_seed(0)
     model = BidirectionalTransformer(config).eval().requires_grad_(False)
+    apply_model_options(model, ModelOptions(compile=compile))
     return dataclasses.replace(lm, model=model)
 
 
-def kernel_ms_per_step(lm, prompts, params, compile: bool) -> float:
+def kernel_ms_per_step(lm: DiffusionLM, prompts, params) -> float:
     """Self time of the arithmetic kernels (``KERNELS``) per step, one run under torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        _, steps = timed_run(lm, prompts, params, compile)
+        _, steps = timed_run(lm, prompts, params)
     total_us = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in KERNELS)
     return total_us / 1e3 / len(steps)
 
@@ -93,17 +94,17 @@ def kernel_floor(models: dict[bool, DiffusionLM], prompts, params, runs: int = 2
     samples = {mode: [] for mode in models}
     for _ in range(runs):
         for mode, lm in models.items():
-            samples[mode].append(kernel_ms_per_step(lm, prompts, params, mode))
+            samples[mode].append(kernel_ms_per_step(lm, prompts, params))
     return {("compiled" if mode else "eager"): round(min(values), 2) for mode, values in samples.items()}
 
 
 def eager_vs_compiled(layers: int, count: int, rounds: int, hidden: int | None = None,
                       heads: int | None = None) -> dict:
-    lm = llada_shaped(layers, hidden, heads)
-    models = {False: dataclasses.replace(lm, model=copy.deepcopy(lm.model)), True: lm}
+    models = {mode: llada_shaped(layers, hidden, heads, compile=mode) for mode in (False, True)}
+    lm = models[True]
     prompts, params = mixed_prompts(lm, count)
     started = time.perf_counter()
-    timed_run(lm, prompts, params, compile=True)  # compiles every bucket this workload meets
+    timed_run(lm, prompts, params)  # compiles every bucket this workload meets
     compile_s = time.perf_counter() - started
     medians = {False: [], True: []}
     for _ in range(rounds):
@@ -126,10 +127,10 @@ def eager_vs_compiled(layers: int, count: int, rounds: int, hidden: int | None =
 def mixed_graph_count(count: int = 64) -> dict:
     """Graphs a compiled model needs for a mixed run: arrivals mid-flight, prompt lengths and caps
     varied, every schedule."""
-    lm = with_layers(load_model(FIXTURES / "tiny-llada", dtype="float32"), 2)
+    lm = with_layers(load_model(FIXTURES / "tiny-llada", dtype="float32"), 2, compile=True)
     prompts, params = mixed_prompts(lm, count)
     for schedule in SCHEDULES:
-        engine = BlockServeEngine(lm, EngineConfig(max_batch_size=16, schedule=schedule, compile=True))
+        engine = BlockServeEngine(lm, EngineConfig(max_batch_size=16, schedule=schedule))
         for index, (prompt, p) in enumerate(zip(prompts, params)):
             engine.add_request(prompt, p)
             if index % 4 == 3:

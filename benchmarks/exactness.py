@@ -8,9 +8,10 @@
 For each family x dtype x decoding rule x cache mode, ``--prompts`` mixed prompts (lengths 3-40 tokens,
 caps of 1-3 blocks) run through the engine at batch 8 on the ``continuous`` schedule, so rows sit at
 different blocks and start blocks at different steps; each output is compared with
-``engine.reference.reference_generate`` on the same prompt alone. ``--modes batch-invariant`` runs
-with ``EngineConfig(batch_invariant=True)`` (the oracle then runs on the same model object, so in the
-same mode). A random model is never confident,
+``engine.reference.reference_generate`` on the same prompt alone. ``--modes batch-invariant`` loads
+the model with ``batch_invariant=True`` (the oracle then runs on the same model object, so in the
+same mode); ``--compile`` loads it compiled and the oracle on an eager copy. A random model is never
+confident,
 so tau and the factor are set where several tokens commit per step (printed with the table).
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.decoding import DecodeRule
-from engine.models import load_model
+from engine.models import DiffusionLM, load_model
 from engine.reference import reference_generate
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
@@ -43,14 +44,14 @@ def mixed_prompts(count: int, vocab: int, mask_id: int, seed: int = 0) -> tuple[
     return prompts, [BLOCK * rng.randint(1, 3) for _ in range(count)]
 
 
-def agreement(lm, rule: dict, cache: str, prompts: list[list[int]], caps: list[int],
-              batch_invariant: bool = False, compile: bool = False) -> float:
-    config = EngineConfig(block_length=BLOCK, cache=cache, max_batch_size=8, batch_invariant=batch_invariant,
-                          compile=compile, **rule)
+def agreement(lm: DiffusionLM, rule: dict, cache: str, prompts: list[list[int]], caps: list[int],
+              oracle: DiffusionLM | None = None) -> float:
+    """The share of ``prompts`` whose tokens batched on ``lm`` equal the oracle's alone on ``oracle``
+    (default: ``lm`` itself; an eager copy judges a compiled ``lm``)."""
+    config = EngineConfig(block_length=BLOCK, cache=cache, max_batch_size=8, **rule)
     outputs = BlockServeEngine(lm, config).generate(prompts, [SamplingParams(max_new_tokens=c) for c in caps])
-    lm.model.use_compiled(False, 0)  # the oracle runs eagerly: compiled batched is judged against eager solo
     decode = DecodeRule(config.decoding, config.threshold, config.factor, config.steps_per_block)
-    same = sum(output.token_ids == reference_generate(lm, prompt, max_new_tokens=cap, block_length=BLOCK,
+    same = sum(output.token_ids == reference_generate(oracle or lm, prompt, max_new_tokens=cap, block_length=BLOCK,
                                                       rule=decode, cache=cache).token_ids
                for output, prompt, cap in zip(outputs, prompts, caps))
     return same / len(prompts)
@@ -63,18 +64,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--families", default=",".join(FAMILIES), help=f"any of {', '.join(FAMILIES)}")
     parser.add_argument("--modes", default="default", help=f"any of {', '.join(MODES)}")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--compile", action="store_true", help="the batched engine with EngineConfig(compile=True)")
+    parser.add_argument("--compile", action="store_true", help="the batched engine on a model loaded with compile=True")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/exactness.json"))
     args = parser.parse_args(argv)
     table = {}
     for family in args.families.split(","):
         for dtype in args.dtypes.split(","):
-            lm = load_model(FAMILIES[family], device=args.device, dtype=dtype)
-            prompts, caps = mixed_prompts(args.prompts, lm.vocab_size, lm.special_ids.mask_id)
             for mode in args.modes.split(","):
+                load = dict(device=args.device, dtype=dtype, batch_invariant=MODES[mode])
+                lm = load_model(FAMILIES[family], compile=args.compile, **load)
+                oracle = load_model(FAMILIES[family], **load) if args.compile else lm
+                prompts, caps = mixed_prompts(args.prompts, lm.vocab_size, lm.special_ids.mask_id)
                 for rule_name, rule in RULES.items():
                     for cache in CACHES:
-                        share = agreement(lm, rule, cache, prompts, caps, MODES[mode], args.compile)
+                        share = agreement(lm, rule, cache, prompts, caps, oracle)
                         table[f"{family} {dtype} {mode} {rule_name} {cache}"] = share
                         print(f"{family:>6} {dtype:>9} {mode:>15} {rule_name:>9} {cache:>6}: {share:.1%} equal to solo",
                               flush=True)

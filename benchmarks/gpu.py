@@ -12,7 +12,7 @@ trace projected beside what it measured.
    (until the call returns, before any sync); ``fit_constants`` fits efficiency, bandwidth efficiency
    and the old launch overhead -> ``calibration.json`` (in DIR, never in the repository).
 4. The real engine on the steered HumanEval replay (commit profile, real prompt widths) for step,
-   block, static and shrink, eager and compiled (``EngineConfig(compile=True)`` where the engine has it),
+   block, static and shrink, eager and compiled (a copy of the model loaded with ``compile=True``),
    a warm-up per schedule; every run's trace in ``traces/<mode>-<schedule>.jsonl``.
 5. Each trace projected (host model with default and with fitted constants; the old projection) beside
    the run's measured seconds: the error per schedule; MFU = trace FLOPs / elapsed / peak.

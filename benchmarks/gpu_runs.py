@@ -2,6 +2,7 @@
 each run's own trace projected beside what it measured."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
@@ -13,14 +14,20 @@ from benchmarks.projection import Constants, forward_flops, project
 from benchmarks.replay import CANVAS_TOKENS, replay
 from benchmarks.systems import SCHEDULE_OF, SYSTEMS
 from engine import BlockServeEngine, EngineConfig
-from engine.models.loader import DiffusionLM
+from engine.models import ModelOptions
+from engine.models.loader import DiffusionLM, apply_model_options
 
 WARMUP_REQUESTS = 2
 COMPILE_RESERVE_S = 120  # a schedule's compiled warm-up is not interruptible: start it only with this left
 
 
-def compile_supported() -> bool:
-    return "compile" in {field.name for field in dataclasses.fields(EngineConfig)}
+def mode_model(lm: DiffusionLM, mode: str) -> DiffusionLM:
+    """``lm`` itself for "eager"; for "compiled", a copy of its model (same weights) loaded compiled."""
+    if mode != "compiled":
+        return lm
+    model = copy.deepcopy(lm.model)
+    apply_model_options(model, ModelOptions(compile=True))
+    return dataclasses.replace(lm, model=model)
 
 
 def guarded_run(engine: BlockServeEngine, prompts, params, stop_at: float) -> tuple[float, bool]:
@@ -49,7 +56,6 @@ def projection_errors(trace, tokens: int, measured_s: float, device_key: str, ho
 def run_engine_modes(lm: DiffusionLM, calibration: dict, requests: int, batch_size: int, modes: list[str],
                      deadline: float, run_cap_s: float, trace_dir: Path, smoke: bool) -> dict:
     workload = replay("humaneval", lm, requests)
-    steered = workload.steered(lm)
     host = HostModel.from_dict(calibration["host_model"])
     fitted = Constants(**calibration["fitted"])
     key = calibration["device_key"]
@@ -57,17 +63,14 @@ def run_engine_modes(lm: DiffusionLM, calibration: dict, requests: int, batch_si
     trace_dir.mkdir(parents=True, exist_ok=True)
     out: dict = {"workload": workload.workload.notes, "modes": {}}
     for mode in modes:
-        if mode == "compiled" and not compile_supported():
-            out["modes"][mode] = "skipped: this engine has no EngineConfig.compile"
-            continue
+        steered = workload.steered(mode_model(lm, mode))
         runs = out["modes"][mode] = {}
         for system in SYSTEMS:
             if time.perf_counter() > deadline - (COMPILE_RESERVE_S if mode == "compiled" else 10):
                 runs[system] = "skipped: time budget"  # a compile cannot be cut short once started
                 continue
             config = {"schedule": SCHEDULE_OF[system], "max_batch_size": batch_size, "max_model_len": widest}
-            engine = BlockServeEngine(
-                steered, EngineConfig(**config | ({"compile": True} if mode == "compiled" else {})))
+            engine = BlockServeEngine(steered, EngineConfig(**config))
             warm_started = time.perf_counter()
             guarded_run(engine, workload.prompt_token_ids[:WARMUP_REQUESTS],
                         workload.workload.params[:WARMUP_REQUESTS], deadline)

@@ -88,7 +88,7 @@ def _per_kind(rows: list[tuple[str, float]], q: float) -> dict[str, float]:
 
 
 def measure(fixture: str = "tiny-llada", device: str = "cpu", deep_layers: int = 32, prompts: int = 8,
-            repeats: int = 2, **engine_config) -> HostModel:
+            repeats: int = 2, compile: bool = False, **engine_config) -> HostModel:
     """Count and time steps of ``fixture``'s family at 1 and ``deep_layers`` layers (tiny dimensions).
 
     One torch thread: at these sizes more threads only add synchronisation (and on a shared CPU, far
@@ -101,12 +101,12 @@ def measure(fixture: str = "tiny-llada", device: str = "cpu", deep_layers: int =
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _measure(fixture, device, deep_layers, prompts, repeats, engine_config)
+        return _measure(fixture, device, deep_layers, prompts, repeats, compile, engine_config)
     finally:
         torch.set_num_threads(threads)
 
 
-def _measure(fixture: str, device: str, deep_layers: int, prompts: int, repeats: int,
+def _measure(fixture: str, device: str, deep_layers: int, prompts: int, repeats: int, compile: bool,
              engine_config: dict) -> HostModel:
     import torch
 
@@ -120,8 +120,7 @@ def _measure(fixture: str, device: str, deep_layers: int, prompts: int, repeats:
     prompt_ids, params = workload.prompt_token_ids, workload.workload.params
     ops, seconds = {}, {}
     for layers in (1, deep_layers):
-        model_lm = with_layers(lm, layers)
-        model_lm = workload.steered(dataclasses.replace(model_lm, model=model_lm.model.to(device)))
+        model_lm = workload.steered(with_layers(lm, layers, device=device, compile=compile))
         engine = BlockServeEngine(model_lm, EngineConfig(**({"max_batch_size": 4} | engine_config)))
         engine.generate(prompt_ids[:2], params[:2])  # warm-up (first-call allocations, compilation)
         ops[layers] = _per_kind(_steps(engine, prompt_ids, params, counting=True), 50)
@@ -136,7 +135,7 @@ def _measure(fixture: str, device: str, deep_layers: int, prompts: int, repeats:
     seconds_per_op, gap_s = _fit_line(points)
     where = torch.cuda.get_device_name() if device.startswith("cuda") else "this CPU (process CPU time)"
     source = (f"measured {datetime.date.today().isoformat()} on {where}: {fixture} family at 1 and "
-              f"{deep_layers} layers, engine {engine_config or 'defaults'}")
+              f"{deep_layers} layers{', compiled' if compile else ''}, engine {engine_config or 'defaults'}")
     return HostModel({k: round(v, 1) for k, v in fixed.items()}, {k: round(v, 2) for k, v in per_layer.items()},
                      seconds_per_op, gap_s, source)
 
@@ -172,10 +171,9 @@ def main(argv: list[str] | None = None) -> HostModel:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--deep-layers", type=int, default=32)
-    parser.add_argument("--compile", action="store_true", help="EngineConfig(compile=True)")
+    parser.add_argument("--compile", action="store_true", help="models loaded with compile=True")
     args = parser.parse_args(argv)
-    model = measure(device=args.device, deep_layers=args.deep_layers,
-                    **({"compile": True} if args.compile else {}))
+    model = measure(device=args.device, deep_layers=args.deep_layers, compile=args.compile)
     path = save(model, args.device.split(":")[0] + ("-compiled" if args.compile else ""))
     print(json.dumps(model.to_dict(), indent=1))
     print(f"wrote {path}")

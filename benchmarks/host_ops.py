@@ -7,7 +7,7 @@ dispatch) and separates the part that grows with depth from the fixed part by ru
 workload on the same checkpoint family with 1 and with 2 layers.
 
     python -m benchmarks.host_ops                       # both test fixtures, engine defaults, 16 prompts
-    python -m benchmarks.host_ops --compile             # the same with EngineConfig(compile=True)
+    python -m benchmarks.host_ops --compile             # the same on models loaded with compile=True
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.summary import median
 from engine import BlockServeEngine, EngineConfig, SamplingParams
-from engine.models import load_model
-from engine.models.loader import DiffusionLM
+from engine.models import ModelOptions, load_model
+from engine.models.loader import DiffusionLM, apply_model_options
 from engine.models.transformer import BidirectionalTransformer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
@@ -45,12 +45,15 @@ class OpCounter(TorchDispatchMode):
         return sum(self.counts.values())
 
 
-def with_layers(lm: DiffusionLM, num_layers: int, seed: int = 0) -> DiffusionLM:
-    """The same family, tokenizer and shapes with ``num_layers`` random layers (float32)."""
+def with_layers(lm: DiffusionLM, num_layers: int, seed: int = 0, device: str | None = None,
+                **options: bool) -> DiffusionLM:
+    """The same family, tokenizer and shapes with ``num_layers`` random layers (float32), on ``device``
+    (default: ``lm``'s), run with ``options`` (:class:`ModelOptions` fields: ``compile``, ...)."""
     config = dataclasses.replace(lm.model.config, num_layers=num_layers)
     torch.manual_seed(seed)
-    model = BidirectionalTransformer(config)
+    model = BidirectionalTransformer(config).to(device or lm.device)
     model.eval().requires_grad_(False)
+    apply_model_options(model, ModelOptions(**options))
     return dataclasses.replace(lm, model=model)
 
 
@@ -77,16 +80,18 @@ def step_op_counts(engine: BlockServeEngine, prompts, params) -> list[tuple[str,
     return counts
 
 
-def per_layer_ops(fixture: str, count: int = 16, **config) -> dict:
+def per_layer_ops(fixture: str, count: int = 16, options: dict[str, bool] | None = None, **config) -> dict:
     """Per forward kind (refresh, window, packed): the median operations of a step on 1- and 2-layer
-    models; per layer = their difference, fixed = the rest. Medians, because a step that admits
-    requests also pays for writing their rows."""
+    models run with ``options`` (:class:`ModelOptions` fields), engines with ``config``; per layer =
+    their difference, fixed = the rest. Medians, because a step that admits requests also pays for
+    writing their rows."""
+    options = options or {}
     lm = load_model(FIXTURES / fixture, dtype="float32")
     prompts, params = mixed_prompts(lm, count)
     medians: dict[str, dict[int, float]] = {}
     steps: dict[str, int] = {}
     for layers in (1, 2):
-        engine = BlockServeEngine(with_layers(lm, layers), EngineConfig(**config))
+        engine = BlockServeEngine(with_layers(lm, layers, **options), EngineConfig(**config))
         engine.generate(prompts[:2], params[:2])  # warm-up (first-call allocations, compilation)
         engine.reset_stats()
         by_kind: dict[str, list[int]] = {}
@@ -101,7 +106,7 @@ def per_layer_ops(fixture: str, count: int = 16, **config) -> dict:
             per_layer = by_layers[2] - by_layers[1]
             kinds[kind] = {"steps": steps[kind], "per_layer": per_layer, "fixed": by_layers[1] - per_layer,
                            "at_32_layers": by_layers[1] + 31 * per_layer}
-    return {"fixture": fixture, "config": config, "kinds": kinds}
+    return {"fixture": fixture, "config": config, "options": options, "kinds": kinds}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -110,8 +115,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--cache", default="dual")
     parser.add_argument("--compile", action="store_true")
     args = parser.parse_args(argv)
-    config = {"cache": args.cache} | ({"compile": True} if args.compile else {})
-    rows = [per_layer_ops(fixture, args.prompts, **config) for fixture in ("tiny-llada", "tiny-dream")]
+    options = {"compile": True} if args.compile else {}
+    rows = [per_layer_ops(fixture, args.prompts, options, cache=args.cache) for fixture in ("tiny-llada", "tiny-dream")]
     for row in rows:
         print(json.dumps(row))
     return rows

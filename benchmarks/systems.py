@@ -88,13 +88,14 @@ def interleaved(lm: DiffusionLM, variants: dict[str, dict[str, Any]], workload: 
                 log=print) -> dict[str, list[RunResult]]:
     """Run every variant once per round, in turn (A, B, C, A, B, C, ...), so machine noise hits all alike.
 
-    variants: label -> keyword arguments of :func:`run_system` (``system`` plus EngineConfig fields).
+    variants: label -> keyword arguments of :func:`run_system` (``system`` plus EngineConfig fields),
+    and optionally ``lm``: the model that variant runs on instead (one loaded with other options).
     """
     results: dict[str, list[RunResult]] = {label: [] for label in variants}
     for round_index in range(rounds):
         for label, arguments in variants.items():
             arguments = dict(arguments)
-            result = run_system(lm, arguments.pop("system"), workload, **arguments)
+            result = run_system(arguments.pop("lm", lm), arguments.pop("system"), workload, **arguments)
             results[label].append(result)
             log(f"  [{workload.name}] round {round_index + 1}/{rounds} {label:>14}: "
                 f"{result.tokens_per_s:8.1f} tok/s  ecr {result.stats['effective_compute_ratio']:.2f}  "

@@ -1,18 +1,18 @@
 """Process-wide cuBLAS settings that keep a GEMM's result for one row independent of the batch's shape.
 
-``EngineConfig(batch_invariant=True)`` runs each row's attention alone over its own keys
+``load_model(..., batch_invariant=True)`` runs each row's attention alone over its own keys
 (``engine.models.transformer.Attention``), which on the CPU is all it takes: bf16 ``F.linear`` rows are
 bitwise the same for any number of rows there. On CUDA, cuBLAS may also split a GEMM's K dimension by
-shape and reduce bf16 products at lower precision, so the engine applies the settings vLLM's
+shape and reduce bf16 products at lower precision, so the loader applies the settings vLLM's
 batch-invariant mode uses:
 
 * ``CUBLAS_WORKSPACE_CONFIG=:16:8`` and ``CUBLASLT_WORKSPACE_SIZE=1``: no workspace for split-K
   reductions. cuBLAS reads them when its handle is created, so they only take effect if set before
-  the process's first CUDA matmul (the engine warns when it is too late: set them in the job's
+  the process's first CUDA matmul (the loader warns when it is too late: set them in the job's
   environment, e.g. ``runtime_env={"env_vars": ...}``);
 * no reduced-precision bf16/fp16 reductions, no TF32, cuBLASLt as the preferred library.
 
-They apply to everything in the process, not only to this engine.
+They apply to everything in the process, not only to this model; the loader applies them.
 """
 from __future__ import annotations
 

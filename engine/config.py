@@ -72,10 +72,6 @@ class EngineConfig:
     # decoding (a block's first step commits only its first position; cached windows start at the block);
     # "lookback": windows start one column before the block and every step applies the rule
     shifted_decoding: str = "fast-dllm"
-    compile: bool = False  # one compiled graph per bucketed forward shape (engine/models/compiled.py);
-    # off by default until a GPU run shows it wins
-    batch_invariant: bool = False  # a row's tokens independent of its batch in bf16 too: each row's
-    # attention on its own keys, and on CUDA process-wide cuBLAS settings (engine/batch_invariance.py)
     max_model_len: int | None = None  # widest admissible row (prompt + canvas), sizes the KV cache;
     # None: the model's maximum length up to DEFAULT_MAX_MODEL_LEN, capped by the token budget
 
@@ -101,13 +97,6 @@ class EngineConfig:
             _fail("max_wait_s", f"must be a non-negative number of seconds or None, got {self.max_wait_s!r}")
         if self.cache not in CACHE_MODES:
             _fail("cache", f"must be one of {CACHE_MODES}, got {self.cache!r}")
-        if not isinstance(self.compile, bool):
-            _fail("compile", f"must be true or false, got {self.compile!r}")
-        if not isinstance(self.batch_invariant, bool):
-            _fail("batch_invariant", f"must be true or false, got {self.batch_invariant!r}")
-        if self.batch_invariant and self.compile:
-            _fail("batch_invariant", "runs each row's attention on its own, eagerly: it cannot be combined with "
-                                     "compile=True yet")
         if self.decoding not in DECODING_RULES:
             _fail("decoding", f"must be one of {DECODING_RULES}, got {self.decoding!r}")
         if not 0.0 < self.threshold <= 1.0:

@@ -41,8 +41,10 @@ class BlockServeEngine:
     @classmethod
     def from_pretrained(cls, model: str | Path, config: EngineConfig | None = None,
                         device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
-                        ) -> BlockServeEngine:
-        return cls(load_model(model, device=device, dtype=dtype), config)
+                        compile: bool = False, batch_invariant: bool = False) -> BlockServeEngine:
+        """An engine on a model loaded with :func:`load_model`'s options ``compile`` and ``batch_invariant``."""
+        return cls(load_model(model, device=device, dtype=dtype, compile=compile,
+                              batch_invariant=batch_invariant), config)
 
     # -- requests ----------------------------------------------------------------------------------
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,

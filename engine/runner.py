@@ -13,7 +13,6 @@ import torch
 
 from engine.batch import PersistentBatch
 from engine.batch_inputs import StepBatch, prepare_inputs
-from engine.batch_invariance import configure_cuda_batch_invariance
 from engine.config import EngineConfig, window_lookback
 from engine.decoding import Sampling, decode_rule, gumbel_noise, propose_tokens, select_commits
 from engine.logit_processors import token_logprobs
@@ -26,10 +25,6 @@ class ModelRunner:
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int):
         self.lm = lm
         self.rule = decode_rule(config, lm.logit_shift)
-        lm.model.use_compiled(config.compile, config.max_batch_size)
-        lm.model.use_batch_invariant(config.batch_invariant)
-        if config.batch_invariant and lm.device.type == "cuda":
-            configure_cuda_batch_invariance()
         self.batch = PersistentBatch(lm, config.max_batch_size, max_row_width, config.block_length, config.cache,
                                      window_lookback=window_lookback(config, lm.logit_shift))
         self._stop_ids = torch.tensor(lm.special_ids.stop_ids, device=lm.device)

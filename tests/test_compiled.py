@@ -1,4 +1,4 @@
-"""EngineConfig(compile=True): forwards compiled over bucketed shapes give the tokens of the eager
+"""load_model(..., compile=True): forwards compiled over bucketed shapes give the tokens of the eager
 engine, batched equals solo, and a run compiles a bounded number of graphs (on CUDA: captured)."""
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import torch
 from torch._dynamo.utils import counters
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
-from engine.models import load_model
+from engine.models import ModelOptions, load_model
 from engine.models.compiled import bucket, max_graphs
+from engine.models.loader import apply_model_options
 from engine.models.transformer import BidirectionalTransformer
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tiny-llada"
@@ -30,12 +31,21 @@ def workload():
 @pytest.fixture(scope="module")
 def compiled_run(workload):
     """One compiled model (compiled once per test session's shapes), its batched outputs."""
-    lm = load_model(FIXTURE, dtype="float32")
-    engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2, compile=True))
+    lm = load_model(FIXTURE, dtype="float32", compile=True)
+    engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2))
     graphs_before = counters["stats"]["unique_graphs"]
     outputs = [o.token_ids for o in engine.generate(*workload)]
     run = {"graphs": counters["stats"]["unique_graphs"] - graphs_before, "steps": engine.stats().denoise_steps}
     return lm, outputs, run
+
+
+def random_model(lm, seed: int, compile: bool, **changes):
+    """``lm`` with random weights (``seed``) in a transformer of its config with ``changes``, run with
+    ``compile``: two such models of one seed hold the same weights."""
+    torch.manual_seed(seed)
+    model = BidirectionalTransformer(dataclasses.replace(lm.model.config, **changes)).eval().requires_grad_(False)
+    apply_model_options(model, ModelOptions(compile=compile))
+    return dataclasses.replace(lm, model=model)
 
 
 def test_buckets_round_rows_to_powers_of_two_and_widths_to_the_next_listed_width():
@@ -53,7 +63,7 @@ def test_compiled_batched_requests_equal_the_same_requests_alone(compiled_run, w
     lm, batched, _ = compiled_run
     prompts, params = workload
     for index in (0, 3, 4):
-        engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2, compile=True))
+        engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2))
         assert engine.generate([prompts[index]], params[index])[0].token_ids == batched[index]
 
 
@@ -67,29 +77,32 @@ def test_a_model_one_layer_deeper_gets_graphs_of_its_own(compiled_run, workload)
     """Guards on layers 1 and up are dropped (host time every step); the layer count stays guarded, so
     a deeper model of the same shapes never runs the graphs compiled for the shallower one."""
     lm, _, _ = compiled_run
-    config = dataclasses.replace(lm.model.config, num_layers=lm.model.config.num_layers + 1)
-    torch.manual_seed(1)
-    deeper = dataclasses.replace(lm, model=BidirectionalTransformer(config).eval().requires_grad_(False))
+    deeper = {compile: random_model(lm, 1, compile, num_layers=lm.model.config.num_layers + 1)
+              for compile in (True, False)}
     prompts, params = workload
     graphs_before = counters["stats"]["unique_graphs"]
-    compiled = BlockServeEngine(deeper, EngineConfig(max_batch_size=2, compile=True)).generate(prompts[:2], params[:2])
+    compiled = BlockServeEngine(deeper[True], EngineConfig(max_batch_size=2)).generate(prompts[:2], params[:2])
     assert counters["stats"]["unique_graphs"] > graphs_before  # compiled anew, not the shallower model's
-    eager = BlockServeEngine(deeper, EngineConfig(max_batch_size=2)).generate(prompts[:2], params[:2])
+    eager = BlockServeEngine(deeper[False], EngineConfig(max_batch_size=2)).generate(prompts[:2], params[:2])
     assert [o.token_ids for o in compiled] == [o.token_ids for o in eager]
 
 
-def test_an_engine_without_compile_runs_its_model_eagerly_again():
-    lm = load_model(FIXTURE, dtype="float32")
-    BlockServeEngine(lm, EngineConfig(max_batch_size=4, compile=True))
-    assert lm.model.compiled is not None
-    BlockServeEngine(lm, EngineConfig(max_batch_size=4, compile=False))
-    assert lm.model.compiled is None
+def test_compile_is_an_option_of_the_loaded_model_and_every_engine_on_it_runs_it_so():
+    compiled, eager = (load_model(FIXTURE, dtype="float32", compile=compile) for compile in (True, False))
+    assert compiled.options == ModelOptions(compile=True) and eager.options == ModelOptions()
+    forward = compiled.model.compiled
+    engines = [BlockServeEngine(compiled, EngineConfig(max_batch_size=n)) for n in (4, 2)]
+    BlockServeEngine(eager, EngineConfig(max_batch_size=4))
+    assert all(engine.lm.model.compiled is forward is not None for engine in engines)
+    assert eager.model.compiled is None
+    with pytest.raises(TypeError, match="compile"):
+        EngineConfig(compile=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
 def test_on_cuda_captured_graphs_give_the_eager_engines_tokens(workload):
-    lm = load_model(FIXTURE, dtype="float32", device="cuda")
-    compiled = BlockServeEngine(lm, EngineConfig(max_batch_size=2, compile=True))
+    lm = load_model(FIXTURE, dtype="float32", device="cuda", compile=True)
+    compiled = BlockServeEngine(lm, EngineConfig(max_batch_size=2))
     assert lm.model.compiled.cuda_graphs
     tokens = [o.token_ids for o in compiled.generate(*workload)]
     eager = BlockServeEngine(load_model(FIXTURE, dtype="float32", device="cuda"), EngineConfig(max_batch_size=2))
@@ -126,8 +139,8 @@ def two_waves(engine: BlockServeEngine) -> list[list[int]]:
 
 
 def test_an_engine_thread_compiles_more_shapes_than_torchs_default_limit_without_failing():
-    lm = load_model(FIXTURE, dtype="float32")
-    engine = BlockServeEngine(lm, EngineConfig(max_batch_size=16, compile=True))
+    lm = load_model(FIXTURE, dtype="float32", compile=True)
+    engine = BlockServeEngine(lm, EngineConfig(max_batch_size=16))
     compiled = run_in_new_thread(lambda: two_waves(engine))
     forward = lm.model.compiled
     assert forward.compile_failures == {}
@@ -141,17 +154,16 @@ def test_a_shape_that_fails_to_compile_runs_eagerly_with_a_warning_naming_the_ca
     """A real compiler failure (no C++ compiler where inductor looks) on a model of its own shapes (no
     cached kernels): the engine keeps stepping eagerly and gives the eager tokens."""
     lm, _, _ = compiled_run
-    config = dataclasses.replace(lm.model.config, intermediate_size=lm.model.config.intermediate_size + 8)
-    torch.manual_seed(2)
-    odd = dataclasses.replace(lm, model=BidirectionalTransformer(config).eval().requires_grad_(False))
+    odd = {compile: random_model(lm, 2, compile, intermediate_size=lm.model.config.intermediate_size + 8)
+           for compile in (True, False)}
     prompts = [[3 + j for j in range(9 + i)] for i in range(3)]
     params = [SamplingParams(max_new_tokens=32, stop_at_eos=False)] * 3
     no_compiler = {"cpp.cxx": (None, "/nonexistent/c++"), "fx_graph_cache": False}
     with torch._inductor.config.patch(no_compiler), caplog.at_level("WARNING", "engine.models.compiled"):
-        compiled = BlockServeEngine(odd, EngineConfig(max_batch_size=4, compile=True)).generate(prompts, params)
-    failures = odd.model.compiled.compile_failures
+        compiled = BlockServeEngine(odd[True], EngineConfig(max_batch_size=4)).generate(prompts, params)
+    failures = odd[True].model.compiled.compile_failures
     assert set(failures) == {"refresh 4x64", "window 4x32"}
     assert all("No working C++ compiler" in cause for cause in failures.values())
     assert len([r for r in caplog.records if "runs eagerly" in r.getMessage()]) == len(failures)
-    eager = BlockServeEngine(odd, EngineConfig(max_batch_size=4)).generate(prompts, params)
+    eager = BlockServeEngine(odd[False], EngineConfig(max_batch_size=4)).generate(prompts, params)
     assert [o.token_ids for o in compiled] == [o.token_ids for o in eager]

@@ -73,6 +73,8 @@ def test_shipped_configs_validate(name):
     ("input: a.jsonl\noutput: o\nlimt: 3\n", "limt", "unknown key"),
     ("input: a.jsonl\noutput: o\nengine: {block_lenght: 16}\n", "engine.block_lenght", "unknown key"),
     ("input: a.jsonl\noutput: o\nactors: {num_gpu: 1}\n", "actors.num_gpu", "unknown key"),
+    ("input: a.jsonl\noutput: o\nengine: {compile: true}\n", "engine", "compile: not an engine setting"),
+    ("input: a.jsonl\noutput: o\ncompile: true\nbatch_invariant: true\n", "batch_invariant", "compile=True"),
     ("input: a.jsonl\noutput: o\nlimit: many\n", "limit", "valid integer"),
     ("input: a.jsonl\noutput: o\nengine: {max_batch_size: lots}\n", "engine.max_batch_size", "integer"),
     ("input: a.jsonl\noutput: o\nsampling: {max_new_tokens: 0}\n", "sampling", "must be positive"),

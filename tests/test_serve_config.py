@@ -1,6 +1,6 @@
 """Serving's configuration, without a server: the shipped Serve configs validate, the app config refuses
-unknown keys and inconsistent batching, and a server reachable beyond loopback refuses to start without
-an API key (from the config or the environment)."""
+unknown keys, inconsistent batching and model options under `engine`, and a server reachable beyond
+loopback refuses to start without an API key (from the config or the environment)."""
 from __future__ import annotations
 
 import pytest
@@ -47,3 +47,14 @@ def test_serve_app_config_rejects_unknown_keys_and_inconsistent_batching():
         ServeAppConfig.model_validate({"engine": {"blok_length": 32}})
     with pytest.raises(ValueError, match="schedule"):
         ServeAppConfig.model_validate({"batching": "static"})
+
+
+def test_compile_and_batch_invariant_are_options_of_the_loaded_model_not_engine_settings():
+    from actors.serve_app import ServeAppConfig
+
+    config = ServeAppConfig.model_validate({"compile": True})
+    assert config.compile and not config.batch_invariant
+    with pytest.raises(ValueError, match="batch_invariant: not an engine setting; .* top level"):
+        ServeAppConfig.model_validate({"engine": {"batch_invariant": True}})
+    with pytest.raises(ValueError, match="compile=True"):
+        ServeAppConfig.model_validate({"compile": True, "batch_invariant": True})

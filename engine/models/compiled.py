@@ -1,4 +1,4 @@
-"""A compiled step (``EngineConfig(compile=True)``): each forward runs as one compiled graph.
+"""A compiled step (``load_model(..., compile=True)``): each forward runs as one compiled graph.
 
 Eager, a layer issues ~40 aten operations, each a dispatch (and on a GPU a kernel launch). Compiled,
 a forward (embedding, rotary tables, mask and every layer) is one call of generated code, with one set
@@ -9,8 +9,8 @@ CUDA each graph is captured as a CUDA graph (``triton.cudagraphs``, what ``mode=
 sets; the KV cache is marked as a static address, so the graph writes it in place). Shapes are bucketed
 so a run compiles a bounded number of graphs:
 
-* rows round up to a power of two (at most the cache's slots); padding rows compute on pad tokens,
-  write their keys/values to the cache's scratch column and are dropped;
+* rows round up to a power of two (at most the cache's slots; without a cache, uncapped); padding
+  rows compute on pad tokens, write their keys/values to the cache's scratch column and are dropped;
 * a refresh part's width and a window's context round up to the next of a few widths (a bucket
   extends the box to the left, over columns that are padding for every row of the box: the cache
   is right-aligned, so the columns are masked keys anyway); a prefix window longer than one block
@@ -64,6 +64,13 @@ def max_graphs(max_rows: int, width: int) -> int:
                  | {bucket(w, 1 << 30, WIDTH_BUCKETS) for w in range(1, width + 1)})
     window_lengths = widths + 1  # the block (a dual window, a row's last block) or a bucketed width
     return rows * (widths + widths * window_lengths)
+
+
+def row_cap(part: RefreshPart | WindowPart, kv_cache: KVCache | None) -> int:
+    """The most rows a part's forward may be padded to: the cache's slots (a part's rows are some of
+    them), or without a cache the part's rows rounded up to a power of two."""
+    rows = part.tokens.shape[0]
+    return max(kv_cache.data.shape[1], rows) if kv_cache is not None else bucket(rows, 1 << 30)
 
 
 _thread_limits = threading.local()
@@ -135,8 +142,8 @@ def compiled_forward(cuda_graphs: bool):
 class CompiledForward:
     """``forward_step`` of a :class:`BidirectionalTransformer` through compiled, shape-bucketed layers."""
 
-    def __init__(self, model, max_rows: int):
-        self.model, self.max_rows = model, max_rows
+    def __init__(self, model):
+        self.model = model
         self.cuda_graphs = model.embed_tokens.weight.device.type == "cuda"
         self.forward = compiled_forward(self.cuda_graphs)
         self.static_caches: set[int] = set()
@@ -155,7 +162,7 @@ class CompiledForward:
     def _part(self, run, part: RefreshPart | WindowPart, kv_cache: KVCache | None) -> torch.Tensor:
         """One part through its compiled graph, or eagerly if that graph failed to compile."""
         width = kv_cache.width if kv_cache is not None else part.tokens.shape[1]
-        raise_recompile_limits(max_graphs(max(self.max_rows, part.tokens.shape[0]), width))
+        raise_recompile_limits(max_graphs(row_cap(part, kv_cache), width))
         key = self._shape_key(part, kv_cache)
         if key not in self.eager_shapes:
             try:
@@ -186,7 +193,7 @@ class CompiledForward:
     def _refresh_shape(self, part: RefreshPart, kv_cache: KVCache | None) -> tuple[int, int, int]:
         """Bucketed rows and width of a refresh part, and the columns added on its left."""
         rows, length = part.tokens.shape
-        padded_rows = bucket(rows, max(self.max_rows, rows))
+        padded_rows = bucket(rows, row_cap(part, kv_cache))
         padded_length = bucket(length, kv_cache.width if part.slots is not None else 1 << 30, WIDTH_BUCKETS)
         grow = padded_length - length
         if part.slots is not None and part.first_column - grow < 0:

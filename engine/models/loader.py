@@ -8,8 +8,10 @@ from types import ModuleType
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from engine.batch_invariance import configure_cuda_batch_invariance
 from engine.models import dream, llada
 from engine.models.checkpoint import load_weights, read_json
+from engine.models.options import ModelOptions
 from engine.models.transformer import BidirectionalTransformer
 
 FAMILIES: tuple[ModuleType, ...] = (llada, dream)
@@ -38,6 +40,11 @@ class DiffusionLM:
     special_ids: SpecialTokenIds
     logit_shift: int  # hidden state at column c predicts the token at column c + logit_shift
     max_length: int  # longest row (prompt + canvas) the model accepts
+
+    @property
+    def options(self) -> ModelOptions:
+        """How the model runs its forwards (compiled, batch-invariant): set by the loader, read by engines."""
+        return self.model.options
 
     @property
     def device(self) -> torch.device:
@@ -122,8 +129,21 @@ def special_token_ids(config: dict, generation_config: dict, tokenizer: PreTrain
                          stop_ids=tuple(sorted(stops)))
 
 
-def load_model(model: str | Path, device: str | torch.device = "cpu",
-               dtype: str | torch.dtype = "float32") -> DiffusionLM:
+def apply_model_options(transformer: BidirectionalTransformer, options: ModelOptions) -> None:
+    """Run ``transformer`` with ``options`` (with ``batch_invariant`` on CUDA, also the process-wide
+    cuBLAS settings). Done once, on the device it stays on, before any engine runs it: every engine
+    that shares the model object runs it so."""
+    transformer.apply_options(options)
+    if options.batch_invariant and transformer.embed_tokens.weight.device.type == "cuda":
+        configure_cuda_batch_invariance()
+
+
+def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
+               compile: bool = False, batch_invariant: bool = False) -> DiffusionLM:
+    """The checkpoint ``model`` on ``device`` in ``dtype``, run with the :class:`ModelOptions` ``compile``
+    and ``batch_invariant`` by every engine it is given to (on CUDA, ``batch_invariant`` also applies
+    process-wide cuBLAS settings: ``engine.batch_invariance``)."""
+    options = ModelOptions(compile=compile, batch_invariant=batch_invariant)
     directory = resolve_model_dir(model)
     config = read_json(directory / "config.json")
     family = detect_family(config, directory)
@@ -132,6 +152,7 @@ def load_model(model: str | Path, device: str | torch.device = "cpu",
         transformer = BidirectionalTransformer(transformer_config)
     load_weights(transformer, directory, family.WEIGHT_NAMES.ours, torch.device(device), resolve_dtype(dtype))
     transformer.eval().requires_grad_(False)
+    apply_model_options(transformer, options)
     tokenizer = load_tokenizer(directory)
     special_ids = special_token_ids(config, read_json(directory / "generation_config.json"), tokenizer, family)
     return DiffusionLM(

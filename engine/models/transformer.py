@@ -27,6 +27,7 @@ from torch import nn
 from engine.models.config import TransformerConfig
 from engine.models.kv_cache import KVCache
 from engine.models.layers import RMSNorm, attend, rotate_
+from engine.models.options import ModelOptions
 from engine.models.packed_step import PartPlan, StepPlan, plan_step, rotary_dtype
 from engine.models.step_inputs import RefreshPart, WindowPart
 
@@ -99,7 +100,7 @@ class Attention(nn.Module):
         self.qkv_proj = _fused_projection(self, "qkv_proj", config.hidden_size, {
             "q_proj": config.hidden_size, "k_proj": kv_size, "v_proj": kv_size}, config.qkv_bias)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
-        self.batch_invariant = False  # each row attends alone over its own keys (use_batch_invariant)
+        self.batch_invariant = False  # each row attends alone over its own keys (apply_options)
 
     def forward(self, x: torch.Tensor, plan: StepPlan, layer: int) -> torch.Tensor:
         """x: the parts' tokens packed ``[tokens, hidden]``; one GEMM and one rotation for all of them,
@@ -186,7 +187,8 @@ class BidirectionalTransformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
-        self.compiled = None  # a CompiledForward after use_compiled(True, ...)
+        self.options = ModelOptions()
+        self.compiled = None  # a CompiledForward when options.compile
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -200,8 +202,7 @@ class BidirectionalTransformer(nn.Module):
 
     def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
                      kv_cache: KVCache | None) -> torch.Tensor:
-        """One packed forward of a refresh part and/or a window part (compiled after
-        :meth:`use_compiled`).
+        """One packed forward of a refresh part and/or a window part (compiled when ``options.compile``).
 
         Returns the hidden states the parts ask for, refresh rows first: ``[rows, n, hidden]``.
         """
@@ -209,22 +210,17 @@ class BidirectionalTransformer(nn.Module):
             return self.compiled.forward_step(refresh, window, kv_cache)
         return self.forward_step_eager(refresh, window, kv_cache)
 
-    def use_compiled(self, enabled: bool, max_rows: int) -> None:
-        """Run forwards through compiled, shape-bucketed layers (``engine.models.compiled``) or eagerly.
-        A property of this model object: every engine that shares it runs as the last one asked."""
+    def apply_options(self, options: ModelOptions) -> None:
+        """Run forwards as ``options`` say: through compiled, shape-bucketed layers
+        (``engine.models.compiled``) or eagerly, and with each row's attention computed alone over its
+        own keys (:meth:`Attention._attend_each_row`) or not. The loader applies them once, before any
+        engine runs the model: every engine that shares this model object runs it the same way."""
         from engine.models.compiled import CompiledForward
 
-        if not enabled:
-            self.compiled = None
-        elif self.compiled is None or self.compiled.max_rows < max_rows:
-            self.compiled = CompiledForward(self, max_rows)
-
-    def use_batch_invariant(self, enabled: bool) -> None:
-        """Each row's attention computed alone over its own keys (:meth:`Attention._attend_each_row`), so
-        a row's numbers do not depend on the rows beside it or on the box's width. A property of this
-        model object, like :meth:`use_compiled`."""
+        self.options = options
+        self.compiled = CompiledForward(self) if options.compile else None
         for layer in self.layers:
-            layer.attention.batch_invariant = enabled
+            layer.attention.batch_invariant = options.batch_invariant
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(tokens)
