@@ -4,21 +4,12 @@ Names load on first use, so ``import engine.scheduler`` pulls in neither torch n
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from engine.lazy_exports import lazy_exports
 
-_LAZY = {
+__getattr__, __all__ = lazy_exports("engine", {
     "BlockServeEngine": "engine.engine",
     "EngineConfig": "engine.config",
     "EngineStats": "engine.stats",
     "RequestOutput": "engine.request",
     "SamplingParams": "engine.config",
-}
-
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'engine' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+})

@@ -4,22 +4,13 @@ Names load on first use, so ``import engine.models.options`` pulls in neither to
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from engine.lazy_exports import lazy_exports
 
-_LAZY = {
+__getattr__, __all__ = lazy_exports("engine.models", {
     "BidirectionalTransformer": "engine.models.transformer",
     "DiffusionLM": "engine.models.loader",
     "ModelOptions": "engine.models.options",
     "SpecialTokenIds": "engine.models.loader",
     "TransformerConfig": "engine.models.config",
     "load_model": "engine.models.loader",
-}
-
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'engine.models' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+})
