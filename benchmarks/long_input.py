@@ -49,7 +49,7 @@ def measure_http(repeats: int, word_chars: tuple[int, ...]) -> dict:
     import ray
     from ray import serve
 
-    from actors.serve_app import ServeAppConfig, build_deployment_app
+    from actors.serving.serve_app import ServeAppConfig, build_deployment_app
 
     config = yaml.safe_load((REPO_ROOT / "configs" / "serve-tiny.yaml").read_text())
     args = config["applications"][0]["args"]

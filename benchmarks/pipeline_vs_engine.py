@@ -59,7 +59,7 @@ def run_pipeline(model: str, engine_config: dict, rows: list[dict], batch_size: 
     import ray
 
     from actors import BlockServeActor
-    from actors.stats_registry import start_stats_registry
+    from actors.ray_data.stats_registry import start_stats_registry
 
     name = f"bench-stats-{uuid.uuid4().hex[:8]}"
     registry = start_stats_registry(name)

@@ -2,7 +2,7 @@
 
 Every section forbids unknown keys, and every problem is reported with the key's dotted path and the
 file it came from, e.g. ``configs/x.yaml: engine.block_lenght: unknown key``. The top level holds the
-actor's own settings (:class:`~actors.actor_config.ActorConfig`: model, dtype, engine, sampling, ...),
+actor's own settings (:class:`~actors.ray_data.actor_config.ActorConfig`: model, dtype, engine, sampling, ...),
 so a job hands them to its actors unchanged; ``actors`` sizes the pool, ``bucketing`` groups prompts.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from actors.actor_config import ActorConfig
+from actors.ray_data.actor_config import ActorConfig
 
 
 class ConfigError(ValueError):

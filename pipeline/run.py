@@ -92,7 +92,7 @@ def bucket_edges(config: PipelineConfig, prepared) -> list[int]:
 
 def processor_config(config: PipelineConfig, num_actors: int, registry_name: str):
     """The job's settings as the one way this project builds its Ray Data stage (README shows it)."""
-    from actors.processor import BlockServeProcessorConfig
+    from actors.ray_data.processor import BlockServeProcessorConfig
 
     return BlockServeProcessorConfig(
         model_source=config.model, actor=config.actor_settings.model_copy(update={"stats_actor": registry_name}),
@@ -135,7 +135,7 @@ class JobFailedError(RuntimeError):
 def generate_and_write(ds: ray.data.Dataset, config: PipelineConfig, num_actors: int,
                        outputs_dir: str) -> tuple[float, list[dict], list[dict]]:
     """Generate and write every row; returns the wall time, the actors' stats snapshots and deaths."""
-    from actors.stats_registry import start_stats_registry
+    from actors.ray_data.stats_registry import start_stats_registry
 
     registry_name = f"blockserve-stats-{uuid.uuid4().hex[:12]}"
     registry = start_stats_registry(registry_name)

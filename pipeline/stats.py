@@ -1,6 +1,6 @@
 """Driver-side accounting: actor snapshots -> stats.json, a printed table and stats.png.
 
-Each BlockServeActor instance reports cumulative snapshots (see ``actors.stats_registry``); an actor
+Each BlockServeActor instance reports cumulative snapshots (see ``actors.ray_data.stats_registry``); an actor
 that Ray restarted contributes one snapshot per incarnation, which are added up here. The engine's
 per-step means (effective compute ratio, useful row fraction) are combined weighted by denoising steps;
 so is the padding fraction, a per-forward token ratio (a step is one forward; the engine does not export
@@ -82,7 +82,7 @@ def per_node(snapshots: list[dict], wall_s: float) -> list[dict]:
 
 
 def aggregate(snapshots: list[dict], wall_s: float, bin_tokens: int, deaths: list[dict] = ()) -> dict:
-    """``deaths``: the registry's :class:`~actors.batch_deaths.ActorDeath` records, kept as they are."""
+    """``deaths``: the registry's :class:`~actors.ray_data.batch_deaths.ActorDeath` records, kept as they are."""
     by_actor: dict[str, list[dict]] = defaultdict(list)
     for snapshot in snapshots:
         by_actor[snapshot["actor_id"]].append(snapshot)

@@ -38,7 +38,7 @@ def table(model: type[BaseModel], only: Callable[[str], bool] = lambda name: Tru
 
 
 def tables() -> dict[str, str]:
-    from actors.actor_config import ActorConfig
+    from actors.ray_data.actor_config import ActorConfig
     from pipeline.config import ActorsConfig, BucketingConfig, PipelineConfig
 
     actor_fields = set(ActorConfig.model_fields)
@@ -49,7 +49,7 @@ def tables() -> dict[str, str]:
         "BucketingConfig": table(BucketingConfig),
     }
     try:
-        from actors.processor import BlockServeProcessorConfig
+        from actors.ray_data.processor import BlockServeProcessorConfig
     except RuntimeError:  # a Ray version the processor hook is not tested with
         return generated
     own = set(BlockServeProcessorConfig.model_fields) - set(BlockServeProcessorConfig.__mro__[1].model_fields)

@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Any, Literal
 
-from actors.block_serve_actor import BlockServeActor
+from actors.ray_data.block_serve_actor import BlockServeActor
 
 logger = logging.getLogger(__name__)
 

@@ -86,7 +86,7 @@ def expect(reference):
 def server(ray_cluster, model_dir) -> str:
     from ray import serve
 
-    from actors.serve_app import ServeAppConfig, build_deployment_app
+    from actors.serving.serve_app import ServeAppConfig, build_deployment_app
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -127,7 +127,7 @@ def test_a_prompt_is_raw_text_and_messages_get_the_chat_template(tiny_model, eng
 
 
 def test_with_should_continue_on_error_false_a_bad_row_fails_the_batch(tiny_model):
-    from actors.block_serve_actor import RowError
+    from actors.ray_data.block_serve_actor import RowError
 
     strict = BlockServeActor(model=tiny_model, engine=ENGINE, sampling=SAMPLING, torch_threads=1,
                              should_continue_on_error=False)
@@ -143,7 +143,7 @@ def test_with_should_continue_on_error_false_a_bad_row_fails_the_batch(tiny_mode
 def users_pipeline(ray_cluster, tiny_model, engine):
     import ray
 
-    from actors.stats_registry import start_stats_registry
+    from actors.ray_data.stats_registry import start_stats_registry
 
     rows = [{"key": r["id"], "question": r["prompt"], "sampling_params": {"max_tokens": 32 + 32 * (i % 2)}}
             for i, r in enumerate(demo_rows(16, start=40))]
@@ -251,7 +251,7 @@ def test_a_step_that_raises_in_a_ray_data_actor_restarts_it_and_every_row_is_wri
         ray_cluster, tiny_model, engine):
     import ray
 
-    from actors.stats_registry import start_stats_registry
+    from actors.ray_data.stats_registry import start_stats_registry
     from pipeline.stats import aggregate
 
     rows = [{"key": r["id"], "question": r["prompt"]} for r in demo_rows(12, start=60)]

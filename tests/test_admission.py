@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from actors.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
+from actors.serving.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.admission import AdmissionError
 from tests.pipeline_helpers import freeze_tiny_model
@@ -47,9 +47,9 @@ def test_check_raises_what_add_request_reports(engine):
 
 def test_a_row_wider_than_max_model_len_gets_the_same_error_from_the_engine_the_server_and_ray_data(
         engine, model):
-    from actors.block_serve_actor import BlockServeActor
     from actors.engine_loop import EngineLoop
-    from actors.openai_server import OpenAIServer
+    from actors.ray_data.block_serve_actor import BlockServeActor
+    from actors.serving.openai.server import OpenAIServer
 
     expected = engine_error(engine, PROMPT, SamplingParams(max_new_tokens=64))
     loop = EngineLoop(BlockServeEngine(engine.lm, EngineConfig(**ENGINE))).start()

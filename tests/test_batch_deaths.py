@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.batch_deaths import UNREPORTED_CAUSE, BatchGate, DeathLedger, batch_identity, refusal_message
+from actors.ray_data.batch_deaths import UNREPORTED_CAUSE, BatchGate, DeathLedger, batch_identity, refusal_message
 
 ROWS_A = [{"prompt": "count from 1 to 5"}, {"prompt": "repeat ab 3 times"}]
 ROWS_B = [{"messages": [{"role": "user", "content": "count from 7 to 9"}]}]

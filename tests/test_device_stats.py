@@ -6,12 +6,12 @@ import sys
 
 import torch
 
-from actors.device_stats import UtilizationSampler
+from actors.ray_data.device_stats import UtilizationSampler
 
 
 def test_without_nvidia_ml_py_a_gpu_sampler_says_what_to_install(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails, as on the CPU install
-    with caplog.at_level(logging.WARNING, logger="actors.device_stats"):
+    with caplog.at_level(logging.WARNING, logger="actors.ray_data.device_stats"):
         sampler = UtilizationSampler(torch.device("cuda"), interval_s=0.0)
     sampler.maybe_sample()  # must not reach torch.cuda (there is no GPU here)
     assert sampler.mean is None and not sampler.available

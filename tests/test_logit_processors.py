@@ -100,7 +100,7 @@ def test_bad_values_are_the_requests_own_error(tiny_engine_factory):
 
 
 def test_ray_data_rows_take_top_k_top_p_and_logit_bias_with_vllm_conventions():
-    from actors.row_params import sampling_params_for_row
+    from actors.ray_data.row_params import sampling_params_for_row
 
     defaults = SamplingParams(max_new_tokens=32)
     params = sampling_params_for_row(defaults, {"top_k": -1.0, "top_p": 0.9, "temperature": 0.7,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from actors.openai_fields import HONOURED_CHAT, HONOURED_COMPLETION, LABELS, REFUSED_CHAT, REFUSED_COMPLETION
-from actors.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, validation_error
+from actors.serving.openai.fields import HONOURED_CHAT, HONOURED_COMPLETION, LABELS, REFUSED_CHAT, REFUSED_COMPLETION
+from actors.serving.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, validation_error
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from tests.pipeline_helpers import freeze_tiny_model
 
@@ -36,7 +36,7 @@ CHAT_NON_NEUTRAL = NON_NEUTRAL | {"logprobs": True}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from actors.engine_loop import EngineLoop
-    from actors.openai_server import OpenAIServer
+    from actors.serving.openai.server import OpenAIServer
 
     model = freeze_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
     engine = BlockServeEngine.from_pretrained(model, EngineConfig(**ENGINE), dtype="float32")

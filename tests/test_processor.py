@@ -24,7 +24,7 @@ def test_processor_rows_carry_rays_columns_and_equal_engine_generate(ray_cluster
     import ray
     from ray.data.llm import build_processor
 
-    from actors.processor import BlockServeProcessorConfig
+    from actors.ray_data.processor import BlockServeProcessorConfig
     from engine import BlockServeEngine, EngineConfig, SamplingParams
 
     questions = [row["prompt"] for row in demo_rows(6, start=40)]
@@ -62,7 +62,7 @@ def test_processor_rows_carry_rays_columns_and_equal_engine_generate(ray_cluster
 
 
 def test_an_untested_ray_version_is_refused_with_the_reason():
-    from actors.processor import check_ray_version
+    from actors.ray_data.processor import check_ray_version
 
     check_ray_version("2.60.0")
     with pytest.raises(RuntimeError, match="tested with Ray 2.60"):
@@ -72,13 +72,13 @@ def test_an_untested_ray_version_is_refused_with_the_reason():
 def test_the_stage_runs_blockserve_actor_or_a_subclass_named_by_import_path():
     from pydantic import ValidationError
 
-    from actors.processor import BlockServeProcessorConfig, actor_class
+    from actors.ray_data.processor import BlockServeProcessorConfig, actor_class
     from tests.fault_injection import FailAfterRows
 
     assert actor_class("tests.fault_injection.FailAfterRows") is FailAfterRows
     config = BlockServeProcessorConfig(model_source="tiny", actor_class="tests.fault_injection.FailAfterRows")
     assert config.actor_class == "tests.fault_injection.FailAfterRows"
-    for wrong in ("pipeline.run.main", "actors.block_serve_actor.NoSuchActor", "no_such_module.Actor",
+    for wrong in ("pipeline.run.main", "actors.ray_data.block_serve_actor.NoSuchActor", "no_such_module.Actor",
                   "BlockServeActor"):
         with pytest.raises(ValidationError, match="is not an importable BlockServeActor class"):
             BlockServeProcessorConfig(model_source="tiny", actor_class=wrong)

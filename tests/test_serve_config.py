@@ -10,7 +10,7 @@ from tests.serve_helpers import REPO_ROOT
 
 
 def test_a_server_reachable_beyond_loopback_refuses_to_start_without_a_key(monkeypatch):
-    from actors.api_keys import check_exposure, resolve_api_key
+    from actors.serving.api_keys import check_exposure, resolve_api_key
 
     with pytest.raises(ValueError, match="refusing to start.*0.0.0.0.*allow_unauthenticated"):
         check_exposure("0.0.0.0", None, allow_unauthenticated=False)
@@ -29,17 +29,17 @@ def test_a_server_reachable_beyond_loopback_refuses_to_start_without_a_key(monke
 def test_serve_configs_validate(name):
     from ray.serve.schema import ServeDeploySchema
 
-    from actors.serve_app import DEPLOYMENT_NAME, ServeAppConfig
+    from actors.serving.serve_app import DEPLOYMENT_NAME, ServeAppConfig
 
     config = ServeDeploySchema.model_validate(yaml.safe_load((REPO_ROOT / "configs" / name).read_text()))
     (app,) = config.applications
-    assert app.import_path == "actors.serve_app:build_app"
+    assert app.import_path == "actors.serving.serve_app:build_app"
     ServeAppConfig.model_validate(app.args)
     assert [deployment.name for deployment in app.deployments] == [DEPLOYMENT_NAME]
 
 
 def test_serve_app_config_rejects_unknown_keys_and_inconsistent_batching():
-    from actors.serve_app import ServeAppConfig
+    from actors.serving.serve_app import ServeAppConfig
 
     with pytest.raises(ValueError, match="max_pendng"):
         ServeAppConfig.model_validate({"max_pendng": 3})
@@ -50,7 +50,7 @@ def test_serve_app_config_rejects_unknown_keys_and_inconsistent_batching():
 
 
 def test_compile_and_batch_invariant_are_options_of_the_loaded_model_not_engine_settings():
-    from actors.serve_app import ServeAppConfig
+    from actors.serving.serve_app import ServeAppConfig
 
     config = ServeAppConfig.model_validate({"compile": True})
     assert config.compile and not config.batch_invariant

@@ -254,7 +254,7 @@ def test_metrics_report_queue_rows_box_compute_ratio_throughput_and_latency(serv
 
 
 def test_stop_strings_are_held_back_until_a_later_block_rules_them_out(reference):
-    from actors.openai_server import TextStream
+    from actors.serving.openai.server import TextStream
 
     tokenizer = reference.lm.tokenizer
     text = TextStream(tokenizer, stops=["END"])

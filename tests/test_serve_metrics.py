@@ -38,7 +38,7 @@ def two_replicas(ray_cluster, model_dir) -> str:
     from ray import serve
     from ray.serve.context import _get_global_client
 
-    from actors.serve_app import ServeAppConfig, build_deployment_app
+    from actors.serving.serve_app import ServeAppConfig, build_deployment_app
 
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
     http = _get_global_client().http_config  # an earlier module may have started Serve on its port

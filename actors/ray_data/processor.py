@@ -1,7 +1,7 @@
 """``build_processor`` for BlockServe: our engine as a stage of Ray's LLM batch processors.
 
     from ray.data.llm import build_processor
-    from actors.processor import BlockServeProcessorConfig
+    from actors import BlockServeProcessorConfig  # loads actors.ray_data.processor, which registers it
 
     processor = build_processor(
         BlockServeProcessorConfig(model_source="tiny", actor={"engine": {"block_length": 32}},
@@ -47,10 +47,10 @@ check_ray_version()
 from ray.llm._internal.batch.processor.base import OfflineProcessorConfig, Processor, ProcessorBuilder  # noqa: E402  (after the version check)
 from ray.llm._internal.batch.stages.base import StatefulStage, StatefulStageUDF  # noqa: E402
 
-from actors.actor_config import ActorConfig  # noqa: E402
-from actors.batch_rows import INPUT_COLUMNS, input_rows  # noqa: E402
+from actors.ray_data.actor_config import ActorConfig  # noqa: E402
+from actors.ray_data.batch_rows import INPUT_COLUMNS, input_rows  # noqa: E402
 
-DEFAULT_ACTOR_CLASS = "actors.block_serve_actor.BlockServeActor"
+DEFAULT_ACTOR_CLASS = "actors.ray_data.block_serve_actor.BlockServeActor"
 
 
 class BlockServeProcessorConfig(OfflineProcessorConfig):
@@ -61,7 +61,7 @@ class BlockServeProcessorConfig(OfflineProcessorConfig):
     ``runtime_env``, ``max_concurrent_batches``, ``should_continue_on_error`` (the actor's too)."""
 
     actor: ActorConfig = Field(default_factory=ActorConfig, description="the actor's settings "
-                               "(actors/actor_config.py); its model is model_source")
+                               "(actors/ray_data/actor_config.py); its model is model_source")
     num_gpus_per_actor: float = Field(0.0, ge=0.0, description="0 on CPU clusters; 1 per engine on GPUs")
     num_cpus_per_actor: float = Field(1.0, gt=0.0, description="CPUs per actor")
     max_restarts: int = Field(8, ge=0, description="times Ray restarts an actor whose process died; then "
@@ -87,7 +87,7 @@ class BlockServeProcessorConfig(OfflineProcessorConfig):
 
 def actor_class(path: str) -> type:
     """The BlockServeActor (sub)class at ``module.Name``."""
-    from actors.block_serve_actor import BlockServeActor
+    from actors.ray_data.block_serve_actor import BlockServeActor
 
     module, _, name = path.rpartition(".")
     try:

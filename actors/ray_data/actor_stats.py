@@ -1,7 +1,7 @@
 """What one Ray Data actor instance reports to the driver: row counts, a latency sample, engine stats.
 
 The driver adds the snapshots up (``pipeline.stats``); an actor sends a full snapshot (not a delta)
-after each batch, through a :class:`~actors.stats_registry.RegistryClient` to the job's registry.
+after each batch, through a :class:`~actors.ray_data.stats_registry.RegistryClient` to the job's registry.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class LatencyReservoir:
 
 @dataclass
 class ActorStats:
-    """Counts of one actor instance since it started (output rows as :mod:`actors.row_outputs` makes them)."""
+    """Counts of one actor instance since it started (output rows as :mod:`actors.ray_data.row_outputs` makes them)."""
 
     rows: int = 0
     error_rows: int = 0

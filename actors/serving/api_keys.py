@@ -11,7 +11,7 @@ import hmac
 import ipaddress
 import os
 
-from actors.openai_protocol import OpenAIError
+from actors.serving.openai.protocol import OpenAIError
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 

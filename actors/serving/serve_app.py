@@ -1,12 +1,12 @@
 """Ray Serve deployment: an OpenAI-compatible HTTP server over one BlockServe engine per replica.
 
-    serve run configs/serve-tiny.yaml          # import_path: actors.serve_app:build_app
+    serve run configs/serve-tiny.yaml          # import_path: actors.serving.serve_app:build_app
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``
 (503 when the engine loop died or is stuck; ``check_health`` makes Serve replace such a replica) and
 ``GET /metrics`` (THIS replica's samples of Ray's metrics export; a deployment's metrics, every
 replica tagged, are Ray's export itself: see ``serve_metrics``). Ray's part is this file only: the loop, the
-protocol and the handlers are plain Python (``engine_loop``, ``openai_protocol``, ``openai_server``).
+protocol and the handlers are plain Python (``actors.engine_loop``, ``actors.serving.openai``).
 """
 # No ``from __future__ import annotations`` here: Serve's ingress rebuilds the route methods, and FastAPI
 # must see real classes (not strings) in their signatures to read the JSON body.
@@ -23,12 +23,12 @@ from ray import serve
 from ray.serve import Application
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from actors.actor_config import BATCH_INVARIANT_DESCRIPTION, COMPILE_DESCRIPTION, refuse_model_options_in_engine
-from actors.api_keys import authorize, check_exposure, resolve_api_key, serve_http_host
 from actors.engine_loop import EngineLoop
-from actors.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, validation_error
-from actors.openai_server import OpenAIServer, dump
-from actors.serve_metrics import ServeMetrics
+from actors.model_options import BATCH_INVARIANT_DESCRIPTION, COMPILE_DESCRIPTION, refuse_model_options_in_engine
+from actors.serving.api_keys import authorize, check_exposure, resolve_api_key, serve_http_host
+from actors.serving.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, validation_error
+from actors.serving.openai.server import OpenAIServer, dump
+from actors.serving.serve_metrics import ServeMetrics
 from engine import BlockServeEngine, EngineConfig
 from engine.models.options import ModelOptions
 

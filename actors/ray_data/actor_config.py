@@ -9,14 +9,9 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from actors.model_options import BATCH_INVARIANT_DESCRIPTION, COMPILE_DESCRIPTION, refuse_model_options_in_engine
 from engine import EngineConfig, SamplingParams
 from engine.models.options import ModelOptions
-
-MODEL_OPTIONS = ("compile", "batch_invariant")  # options of the loaded model, not of its engines
-COMPILE_DESCRIPTION = ("load the model compiled: one graph per bucketed forward shape "
-                       "(engine/models/compiled.py); not with batch_invariant")
-BATCH_INVARIANT_DESCRIPTION = ("load the model batch-invariant: a row's tokens independent of its batch in bf16 "
-                               "too (each row's attention alone; on CUDA, process-wide cuBLAS settings)")
 
 
 def offline_engine_config(**fields: object) -> EngineConfig:
@@ -26,14 +21,6 @@ def offline_engine_config(**fields: object) -> EngineConfig:
     together and the engine runs dry while Ray Data hands over the next ones. In arrival order
     batches finish one by one; the pipeline's batches already hold rows of similar length."""
     return EngineConfig.from_dict({"sort_pending": False, **fields})
-
-
-def refuse_model_options_in_engine(engine: object) -> None:
-    """A ``compile`` or ``batch_invariant`` key in an engine section is an error naming its key."""
-    moved = [key for key in MODEL_OPTIONS if isinstance(engine, dict) and key in engine]
-    if moved:
-        raise ValueError(f"{', '.join(moved)}: not an engine setting; an option of the loaded model, set at "
-                         f"the top level ({', '.join(f'{key}: true' for key in moved)})")
 
 
 class ActorConfig(BaseModel):
@@ -60,7 +47,7 @@ class ActorConfig(BaseModel):
                                    "long ends the actor's process (Ray restarts it)")
     stats_actor: str | None = Field(None, description="name of the job's StatsRegistry to report to")
     max_batch_deaths: int = Field(2, ge=1, description="with stats_actor: a batch running in this many "
-                                  "engine deaths is not run again (actors/batch_deaths.py)")
+                                  "engine deaths is not run again (actors/ray_data/batch_deaths.py)")
 
     @field_validator("device", mode="before")
     @classmethod

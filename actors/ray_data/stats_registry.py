@@ -4,7 +4,7 @@ Each BlockServeActor instance reports a full snapshot (not a delta) after every 
 waits for the report to land before returning the batch, so when the dataset has been consumed the
 registry already holds every actor's final numbers. Snapshots are keyed by the actor *instance*: an actor
 that Ray restarted after a crash keeps its actor id but starts a fresh engine, and the driver adds the
-instances up (see ``pipeline.stats``). It also keeps the job's :class:`~actors.batch_deaths.DeathLedger`:
+instances up (see ``pipeline.stats``). It also keeps the job's :class:`~actors.ray_data.batch_deaths.DeathLedger`:
 which actor instances died, why, and which batches each was running.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from actors.batch_deaths import BatchIdentity, BatchRecord, DeathLedger
+from actors.ray_data.batch_deaths import BatchIdentity, BatchRecord, DeathLedger
 
 
 @ray.remote(num_cpus=0)

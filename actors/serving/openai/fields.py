@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from actors.openai_protocol import OpenAIError
+from actors.serving.openai.protocol import OpenAIError
 
 # fields whose meaning BlockServe implements (README: "OpenAI request fields")
 HONOURED_COMMON = ("model", "max_tokens", "temperature", "seed", "stop", "stream", "stream_options",

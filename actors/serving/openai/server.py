@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from openai.types import Completion, CompletionUsage, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -22,9 +23,9 @@ from pydantic import BaseModel
 from transformers import PreTrainedTokenizerBase
 
 from actors.engine_loop import EngineDeadError, EngineLoop, QueueFullError, RequestStream
-from actors.openai_fields import REFUSED_CHAT, REFUSED_COMPLETION, check_refused
-from actors.openai_logprobs import chat_logprobs, completion_logprobs, within_text
-from actors.openai_protocol import (
+from actors.serving.openai.fields import REFUSED_CHAT, REFUSED_COMPLETION, check_refused
+from actors.serving.openai.logprobs import chat_logprobs, completion_logprobs, within_text
+from actors.serving.openai.protocol import (
     MAX_STOP_STRINGS,
     BlockServeInfo,
     ChatCompletionRequest,
@@ -40,10 +41,12 @@ from actors.openai_protocol import (
     now_s,
     token_usage,
 )
-from actors.serve_metrics import ServeMetrics
 from engine import RequestOutput, SamplingParams
 from engine.admission import AdmissionError
 from engine.prompts import Prompt
+
+if TYPE_CHECKING:  # Ray Serve's metrics: only the Serve deployment hands one in
+    from actors.serving.serve_metrics import ServeMetrics
 
 FINISH_REASONS: dict[str, FinishReason] = {"eos": "stop", "length": "length"}
 

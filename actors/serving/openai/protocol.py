@@ -3,7 +3,7 @@
 Requests are our own strict models; responses and stream chunks are the ``openai`` package's types, so
 what a client parses is what we built.
 
-Every field is honoured or refused (``openai_fields`` holds the table): greedy or sampled decoding
+Every field is honoured or refused (the ``fields`` module holds the table): greedy or sampled decoding
 with a seed, ``stop`` strings (applied to the decoded text), ``ignore_eos`` (a vLLM extension, for
 benchmarks that want exact lengths), chat content as a string or a list of text parts; a field
 BlockServe cannot honour is a 400 naming it unless it has its neutral value, and an unknown field is
@@ -45,12 +45,12 @@ class OpenAIError(Exception):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     include_usage: bool | None = None
-    include_obfuscation: bool | None = None  # refused when true (openai_fields): chunks are not padded
+    include_obfuscation: bool | None = None  # refused when true (fields.py): chunks are not padded
 
 
 class _Request(BaseModel):
     """Fields BlockServe honours are typed here; a field it refuses unless neutral is ``Any`` here and
-    judged by ``openai_fields``; a field nobody defines is a 400 (OpenAI's "unrecognized argument")."""
+    judged by the ``fields`` module; a field nobody defines is a 400 (OpenAI's "unrecognized argument")."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -70,7 +70,7 @@ class _Request(BaseModel):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     metadata: dict[str, str] | None = None
-    # judged by openai_fields (null or the neutral value, else a 400 naming the field)
+    # judged by fields.py (null or the neutral value, else a 400 naming the field)
     n: Any = None
     presence_penalty: Any = None
     frequency_penalty: Any = None
@@ -97,7 +97,7 @@ class _Request(BaseModel):
         return bias
 
     def field_values(self) -> dict[str, Any]:
-        """Every field as sent (unset ones as their defaults), for ``openai_fields.check_refused``."""
+        """Every field as sent (unset ones as their defaults), for ``fields.check_refused``."""
         values = dict(self)
         if self.stream_options is not None and self.stream_options.include_obfuscation:
             values["stream_options.include_obfuscation"] = True

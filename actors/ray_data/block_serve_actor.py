@@ -9,24 +9,24 @@ chat template; a ``prompt`` column is raw text, tokenized as is, exactly like ``
 ``chat_template=True`` to wrap it as one user message, as the tiny model's configs do), or token ids;
 an optional ``sampling_params`` dict per row takes vLLM's names (``max_tokens``, ``temperature``,
 ``seed``, ``ignore_eos``) or ours. Output columns are named like Ray's vLLM stage where the meaning is
-the same (:data:`~actors.row_outputs.OUTPUT_SCHEMA`), plus ours. A row that cannot be served gets
+the same (:data:`~actors.ray_data.row_outputs.OUTPUT_SCHEMA`), plus ours. A row that cannot be served gets
 ``__inference_error__`` and ``finish_reason="error"`` while the others are unaffected; with
 ``should_continue_on_error=False`` (Ray's default in its processors) such a row fails the batch instead.
 
-``__call__`` (``map_batches``) and :mod:`actors.processor`'s stage (``build_processor``) are two doors
+``__call__`` (``map_batches``) and :mod:`actors.ray_data.processor`'s stage (``build_processor``) are two doors
 to one method, :meth:`BlockServeActor.generate_rows`. It is a coroutine, so Ray Data runs several
 batches of one actor at once on the actor's event loop. Each call only queues its rows on the actor's
 :class:`~actors.engine_loop.EngineLoop` (the same driver Serve uses) and awaits their results; the
 single loop thread keeps the engine stepping across batch boundaries. Every batch comes back complete,
 in its input row order. With ``stats_actor`` set, a snapshot of this actor's stats
-(:mod:`actors.actor_stats`) reaches that named registry before each batch is returned.
+(:mod:`actors.ray_data.actor_stats`) reaches that named registry before each batch is returned.
 
 In a Ray actor, an engine loop that dies (a step raised, e.g. a CUDA error) or stalls ends the actor's
 process: Ray restarts the actor (up to the processor's ``max_restarts``) and retries the batches it
 held, so the job still writes every row once. A process left alive would fail every later batch, and
 Ray only retries batches whose actor died. Outside Ray, the batch raises instead. With ``stats_actor``
 set, the registry also learns of each death and its cause, and a batch that was running in
-``max_batch_deaths`` of them is not run again (:mod:`actors.batch_deaths`).
+``max_batch_deaths`` of them is not run again (:mod:`actors.ray_data.batch_deaths`).
 """
 from __future__ import annotations
 
@@ -39,16 +39,16 @@ from typing import Any
 
 import torch
 
-from actors.actor_config import ActorConfig
-from actors.actor_stats import ActorStats
-from actors.batch_deaths import BatchGate, BatchIdentity, batch_identity, refusal_message
-from actors.batch_rows import Batch, input_rows, is_missing, with_columns
-from actors.device_stats import UtilizationSampler, memory_peak
 from actors.engine_loop import EngineLoop
-from actors.placement import current_placement
-from actors.row_outputs import RowError, output_columns, output_row, raise_first_error
-from actors.row_params import sampling_params_for_row
-from actors.stats_registry import RegistryClient
+from actors.ray_data.actor_config import ActorConfig
+from actors.ray_data.actor_stats import ActorStats
+from actors.ray_data.batch_deaths import BatchGate, BatchIdentity, batch_identity, refusal_message
+from actors.ray_data.batch_rows import Batch, input_rows, is_missing, with_columns
+from actors.ray_data.device_stats import UtilizationSampler, memory_peak
+from actors.ray_data.placement import current_placement
+from actors.ray_data.row_outputs import RowError, output_columns, output_row, raise_first_error
+from actors.ray_data.row_params import sampling_params_for_row
+from actors.ray_data.stats_registry import RegistryClient
 from engine import BlockServeEngine, RequestOutput, SamplingParams
 
 __all__ = ["BlockServeActor", "RowError"]
@@ -61,7 +61,7 @@ HEALTH_CHECK_S = 5.0  # how often a waiting batch asks whether the engine loop s
 class BlockServeActor:
     def __init__(self, config: ActorConfig | None = None, **settings: Any):
         """``config``, or its fields as keyword arguments (``model="tiny", engine={...}``): see
-        :class:`~actors.actor_config.ActorConfig`. A setting that does not validate raises ValueError."""
+        :class:`~actors.ray_data.actor_config.ActorConfig`. A setting that does not validate raises ValueError."""
         if config is None or settings:
             config = ActorConfig.model_validate({**(config.model_dump() if config else {}), **settings})
         self.config = config

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.batch_rows import is_missing
+from actors.ray_data.batch_rows import is_missing
 from engine import SamplingParams
 
 NOT_PER_ROW = ("logprobs",)  # the output has no column for them yet: refused, not dropped
