@@ -8,7 +8,7 @@ fits-first admission under a token budget, the short requests keep filling the r
 never fit. Each setting runs the same arrivals on the same engine (tiny model, float32, CPU; fixed
 lengths: ``stop_at_eos=False`` and the quota rule, so every run does the same work per request) and
 reports CPU tokens/s, forward passes and rows per forward, the projected H200 tokens/s of its trace
-(LLaDA-8B shapes, ``benchmarks.projection``), and the wide and short requests' latency in steps.
+(LLaDA-8B shapes, ``benchmarks.perfmodel.projection``), and the wide and short requests' latency in steps.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.projection import project
+from benchmarks.perfmodel.projection import project
 from benchmarks.summary import percentile
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models import load_model

@@ -17,7 +17,7 @@ What the mode changes on a GPU is host work: a row's attention and its GEMMs are
 projection counts the operations of a step with and without the mode (``benchmarks.host_ops``, the
 LLaDA fixture at 1 and 2 layers, 16 mixed prompts), gives each its own host model (this machine's
 seconds per operation, as ``throughput`` does) and projects each mode's own trace for LLaDA-8B on an
-H200 (``benchmarks.projection``): the GPU time is the same arithmetic, the host time grows with the
+H200 (``benchmarks.perfmodel.projection``): the GPU time is the same arithmetic, the host time grows with the
 operations. A projection, not a measurement: the GPU script runs the real thing when a GPU is lent.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from benchmarks.host_model import HostModel
 from benchmarks.host_ops import per_layer_ops
-from benchmarks.projection import load_constants, project
+from benchmarks.perfmodel.host_model import HostModel
+from benchmarks.perfmodel.projection import load_constants, project
 from benchmarks.replay import replay
 from benchmarks.results_io import write_results
 from benchmarks.summary import median
@@ -91,9 +91,9 @@ def projected(run, host: HostModel, model: str = "llada-8b", device: str = "h200
 
 
 def host_model_measure() -> HostModel:
-    from benchmarks import host_model
+    from benchmarks import measure_host
 
-    return host_model.measure(deep_layers=4, prompts=4, repeats=1)  # seconds per operation on this machine
+    return measure_host.measure(deep_layers=4, prompts=4, repeats=1)  # seconds per operation on this machine
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = SCALES[args.scale] | {key: getattr(args, key) for key in ("requests", "rounds") if getattr(args, key)}
     models = {on: load_model(args.model, dtype="bfloat16", batch_invariant=on) for on in MODES.values()}
     workload = replay("humaneval", models[False], sizes["requests"])
-    variants = {label: {"system": "step", "max_batch_size": args.batch_size, "lm": workload.steered(models[on])}
+    variants = {label: {"system": "continuous", "max_batch_size": args.batch_size, "lm": workload.steered(models[on])}
                 for label, on in MODES.items()}
     runs = interleaved(models[False], variants, workload.workload, sizes["rounds"])
     result = {"requests": sizes["requests"], "rounds": sizes["rounds"], "batch_size": args.batch_size,

@@ -5,10 +5,10 @@ import time
 
 import torch
 
-from benchmarks import host_model
-from benchmarks.calibration_fit import calibration_rows, fit_constants
-from benchmarks.hardware import DEVICES, MODELS
-from benchmarks.projection import forward_cost, load_constants
+from benchmarks import measure_host
+from benchmarks.perfmodel.calibration_fit import calibration_rows, fit_constants
+from benchmarks.perfmodel.hardware import DEVICES, MODELS
+from benchmarks.perfmodel.projection import forward_cost, load_constants
 from engine.models.config import TransformerConfig
 from engine.models.kv_cache import KVCache
 from engine.models.loader import TINY_MODEL_DIR, DiffusionLM, SpecialTokenIds, load_tokenizer
@@ -110,7 +110,7 @@ def device_key(name: str) -> str:
 def calibrate(lm: DiffusionLM, device: torch.device, smoke: bool, deadline: float) -> dict:
     """Host model and timed forwards on this device; constants fitted to the forwards' GPU seconds."""
     started = time.perf_counter()
-    host = host_model.measure(device=str(device), **(SMOKE["host"] if smoke else {}))
+    host = measure_host.measure(device=str(device), **(SMOKE["host"] if smoke else {}))
     widths, repeats = (SMOKE["widths"], SMOKE["repeats"]) if smoke else (WIDTHS, 3)
     samples = []
     for width in widths:
@@ -148,10 +148,10 @@ def write_summary(results: dict, path) -> str:
                 continue
             for system, run in systems.items():
                 if isinstance(run, str):
-                    lines.append(f"  {mode:>8} {system:>6}: {run}")
+                    lines.append(f"  {mode:>8} {system:>10}: {run}")
                     continue
                 errors = " ".join(f"{label} {value:+.0%}" for label, value in run["projection_error"].items())
-                lines.append(f"  {mode:>8} {system:>6}: {run['tokens_per_s']:8.1f} tok/s measured, MFU "
+                lines.append(f"  {mode:>8} {system:>10}: {run['tokens_per_s']:8.1f} tok/s measured, MFU "
                              f"{run['mfu']:.1%}, steps/block {run['row_steps_per_block']:.1f}"
                              f"{' (TIMED OUT)' if run['timed_out'] else ''} | projection error {errors}")
     for mode, cells in results.get("exactness_bf16", {}).items():

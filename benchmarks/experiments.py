@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.host_model import HostModel
+from benchmarks.perfmodel.host_model import HostModel
 from benchmarks.summary import median, median_item
 from benchmarks.systems import SYSTEMS, RunResult, interleaved
 from benchmarks.throughput import project_run
@@ -81,9 +81,9 @@ def throughput(cases: list[tuple[Workload, DiffusionLM]], scale: Scale, host: Ho
         variants = {system: {"system": system, "max_batch_size": BATCH_SIZE} for system in SYSTEMS}
         runs = interleaved(lm, variants, workload, scale.rounds, log)
         rows = [_summary(label, results, host) for label, results in runs.items()]
-        block = next(row for row in rows if row["system"] == "block")["tokens_per_s"]
+        block_sync = next(row for row in rows if row["system"] == "block_sync")["tokens_per_s"]
         for row in rows:
-            row["speedup_of_block"] = block / row["tokens_per_s"] if row["tokens_per_s"] else None
+            row["speedup_of_block_sync"] = block_sync / row["tokens_per_s"] if row["tokens_per_s"] else None
         tables[workload.name] = {"workload_notes": workload.notes, "rows": rows,
                                  "identical_outputs": len({row["outputs_digest"] for row in rows}) == 1}
     return tables
@@ -105,7 +105,7 @@ def capacity(lm: DiffusionLM, workload: Workload, scale: Scale, host: HostModel,
 
     ``static``/``shrink`` fix their batch size up front (Fast-dLLM's ``batch_size``): it is safe only if
     the worst batch of the workload fits, i.e. rows x (longest prompt + longest canvas) <= budget.
-    ``step``/``block`` admit by the budget, so they are safe at any batch size; what they sustain is
+    ``continuous``/``block_sync`` admit by the budget, so they are safe at any batch size; what they sustain is
     measured (peak and mean concurrent rows, with as many arena slots as the budget could ever fill).
     """
     budget = scale.capacity_budget
@@ -115,8 +115,8 @@ def capacity(lm: DiffusionLM, workload: Workload, scale: Scale, host: HostModel,
               "narrowest_row": min(widths), "static_safe_batch": static_rows, "systems": []}
     admitted_rows = max(budget // min(widths), 1)  # arena slots: as many rows as the budget can ever hold
     variants = {
-        "step": {"system": "step", "max_batch_size": admitted_rows, "token_budget": budget},
-        "block": {"system": "block", "max_batch_size": admitted_rows, "token_budget": budget},
+        "continuous": {"system": "continuous", "max_batch_size": admitted_rows, "token_budget": budget},
+        "block_sync": {"system": "block_sync", "max_batch_size": admitted_rows, "token_budget": budget},
         "static": {"system": "static", "max_batch_size": max(static_rows, 1), "token_budget": budget},
         "shrink": {"system": "shrink", "max_batch_size": max(static_rows, 1), "token_budget": budget},
     }
@@ -145,13 +145,13 @@ def _row_widths(lm: DiffusionLM, workload: Workload, block_length: int = 32) -> 
 
 def ablations(lm: DiffusionLM, workload: Workload, scale: Scale, host: HostModel, log=print) -> dict:
     """Block length 16/32/64 (throughput, accuracy); sorted vs arrival-order queue (throughput, padding).
-    On the default ``step`` schedule."""
+    On the default ``continuous`` schedule."""
     workload = workload.head(scale.ablation_requests)
-    lengths = {f"L={length}": {"system": "step", "max_batch_size": BATCH_SIZE, "block_length": length}
+    lengths = {f"L={length}": {"system": "continuous", "max_batch_size": BATCH_SIZE, "block_length": length}
                for length in (16, 32, 64)}
     length_runs = interleaved(lm, lengths, workload, scale.ablation_rounds, log)
-    queues = {"sorted": {"system": "step", "max_batch_size": BATCH_SIZE, "sort_pending": True},
-              "arrival": {"system": "step", "max_batch_size": BATCH_SIZE, "sort_pending": False}}
+    queues = {"sorted": {"system": "continuous", "max_batch_size": BATCH_SIZE, "sort_pending": True},
+              "arrival": {"system": "continuous", "max_batch_size": BATCH_SIZE, "sort_pending": False}}
     queue_runs = interleaved(lm, queues, workload, scale.ablation_rounds, log)
     return {"workload": workload.name, "requests": len(workload),
             "block_length": [_summary(label, runs, host) for label, runs in length_runs.items()],

@@ -5,14 +5,14 @@ trace projected beside what it measured.
     python -m benchmarks gpu --smoke --out DIR    # tiny shapes on the CPU in seconds (CI)
 
 1. ``environment.json``: versions, device, memory.
-2. Host model on this device (``benchmarks.host_model``: operations per kind x seconds per operation,
+2. Host model on this device (``benchmarks.measure_host``: operations per kind x seconds per operation,
    the tiny-dimension fixture at 1 and 32 layers).
 3. Calibration: forwards of the LLaDA-8B shape (bf16, random weights) over several widths and row
    counts, window rows packed as the engine packs them, each with GPU time (CUDA events) and host time
    (until the call returns, before any sync); ``fit_constants`` fits efficiency, bandwidth efficiency
    and the old launch overhead -> ``calibration.json`` (in DIR, never in the repository).
-4. The real engine on the steered HumanEval replay (commit profile, real prompt widths) for step,
-   block, static and shrink, eager and compiled (a copy of the model loaded with ``compile=True``),
+4. The real engine on the steered HumanEval replay (commit profile, real prompt widths) for
+   continuous, block_sync, static and shrink, eager and compiled (a copy of the model loaded with ``compile=True``),
    a warm-up per schedule; every run's trace in ``traces/<mode>-<schedule>.jsonl``.
 5. Each trace projected (host model with default and with fitted constants; the old projection) beside
    the run's measured seconds: the error per schedule; MFU = trace FLOPs / elapsed / peak.

@@ -8,11 +8,11 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.hardware import DEVICES, MODELS
-from benchmarks.host_model import HostModel
-from benchmarks.projection import Constants, forward_flops, project
+from benchmarks.perfmodel.hardware import DEVICES, MODELS
+from benchmarks.perfmodel.host_model import HostModel
+from benchmarks.perfmodel.projection import Constants, forward_flops, project
 from benchmarks.replay import CANVAS_TOKENS, replay
-from benchmarks.systems import SCHEDULE_OF, SYSTEMS
+from benchmarks.systems import SYSTEMS
 from engine import BlockServeEngine, EngineConfig
 from engine.models import ModelOptions
 from engine.models.loader import DiffusionLM, apply_model_options
@@ -69,7 +69,7 @@ def run_engine_modes(lm: DiffusionLM, calibration: dict, requests: int, batch_si
             if time.perf_counter() > deadline - (COMPILE_RESERVE_S if mode == "compiled" else 10):
                 runs[system] = "skipped: time budget"  # a compile cannot be cut short once started
                 continue
-            config = {"schedule": SCHEDULE_OF[system], "max_batch_size": batch_size, "max_model_len": widest}
+            config = {"schedule": system, "max_batch_size": batch_size, "max_model_len": widest}
             engine = BlockServeEngine(steered, EngineConfig(**config))
             warm_started = time.perf_counter()
             guarded_run(engine, workload.prompt_token_ids[:WARMUP_REQUESTS],

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from benchmarks.report import length_bins  # noqa: E402
 from benchmarks.summary import percentiles  # noqa: E402
 
-COLORS = {"step": "tab:blue", "block": "tab:green", "static": "tab:red", "shrink": "tab:orange"}
+COLORS = {"continuous": "tab:blue", "block_sync": "tab:green", "static": "tab:red", "shrink": "tab:orange"}
 
 
 def _ratio(value: float, baseline: float) -> float:

@@ -6,8 +6,8 @@ from benchmarks.summary import percentiles
 LENGTH_BIN = 32  # output-length bins of one block
 PROJECTED_TOK_S = "H200 tok/s*"
 PROJECTED_NOTE = ("\\* projected, not measured: the run's per-forward trace priced for LLaDA-8B shapes on one H200 "
-                  "with the host model (`benchmarks/projection.py`, `benchmarks/host_model.py`; constants and "
-                  "their source in `benchmarks/hardware.py` / `benchmarks/calibration/`); old\\*: the old "
+                  "with the host model (`benchmarks/perfmodel/`; every constant and its source in "
+                  "`benchmarks/perfmodel/README.md`); old\\*: the old "
                   "projection (GPU time + 1.92 ms per forward).")
 
 
@@ -36,14 +36,14 @@ def throughput_section(tables: dict) -> list[str]:
         notes = ", ".join(f"{key} {value}" for key, value in table["workload_notes"].items())
         lines += [f"### {name}", "", f"Workload: {notes}. Outputs identical across systems: "
                   f"**{table['identical_outputs']}**.", ""]
-        block_digest = next(row for row in table["rows"] if row["system"] == "block")["outputs_digest"]
+        block_sync_digest = next(row for row in table["rows"] if row["system"] == "block_sync")["outputs_digest"]
         lines += _table(
-            ["system", "CPU tok/s (median)", "tok/s per round", "block speedup", "exact match",
-             "same tokens as block", "eff. compute ratio", "useful row frac.", "padding frac.", "sched. overhead",
+            ["system", "CPU tok/s (median)", "tok/s per round", "block_sync speedup", "exact match",
+             "same tokens as block_sync", "eff. compute ratio", "useful row frac.", "padding frac.", "sched. overhead",
              "forwards (window)", PROJECTED_TOK_S, "MFU*", "old tok/s*"],
             [[row["label"], row["tokens_per_s"], " / ".join(f"{v:.1f}" for v in row["tokens_per_s_all"]),
-              None if row["speedup_of_block"] is None else f"{row['speedup_of_block']:.2f}x", row["accuracy"],
-              row["outputs_digest"] == block_digest,
+              None if row["speedup_of_block_sync"] is None else f"{row['speedup_of_block_sync']:.2f}x",
+              row["accuracy"], row["outputs_digest"] == block_sync_digest,
               row["effective_compute_ratio"],
               row["useful_row_fraction"], row["padding_fraction"],
               f"{row['scheduler_overhead_fraction']:.1%}",
@@ -102,7 +102,7 @@ def capacity_section(capacities: dict) -> list[str]:
 
 
 def ablation_section(ablation: dict) -> list[str]:
-    lines = ["## Ablations (batch 16, `step` schedule)", "",
+    lines = ["## Ablations (batch 16, `continuous` schedule)", "",
              f"Workload `{ablation['workload']}`, {ablation['requests']} requests.", "", "### Block length", ""]
     lines += _table(["block length", "CPU tok/s", PROJECTED_TOK_S, "exact match", "denoise steps",
                      "useful row frac."],

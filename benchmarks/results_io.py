@@ -1,13 +1,20 @@
-"""The one results writer: every experiment's JSON carries the command, date, machine and versions."""
+"""The one results writer and reader: every experiment's JSON carries the command, date, machine and
+versions, and a stored file reads back under today's system labels."""
 from __future__ import annotations
 
 import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import sys
 from pathlib import Path
+
+OLD_LABELS = {"step": "continuous", "block": "block_sync", "blockserve": "block_sync"}
+"""System labels of results stored before the systems took their engine schedules' names."""
+OLD_KEYS = {"speedup_of_block": "speedup_of_block_sync"}
+OLD_RATIO = re.compile(r"^(step|block|blockserve)_over_(step|block|blockserve|static|shrink)(?=_|$)")
 
 
 def machine_description() -> str:
@@ -53,3 +60,33 @@ def write_results(out: Path, name: str, payload: dict, argv: list[str]) -> Path:
     path = out / f"{name}.json"
     path.write_text(json.dumps({"meta": meta(argv)} | payload, indent=1, default=str) + "\n")
     return path
+
+
+def current_key(key: str) -> str:
+    """A figure's key with any old system label in a ratio's name (``step_over_block_...``) renamed."""
+    key = OLD_KEYS.get(key, key)
+    return OLD_RATIO.sub(lambda m: f"{OLD_LABELS.get(m[1], m[1])}_over_{OLD_LABELS.get(m[2], m[2])}", key)
+
+
+def upgrade_labels(value):
+    """``value`` with every old system label replaced by its schedule's name, wherever a label sits: the
+    value of a ``system`` or ``label`` field, a key of a mapping by system (one that holds ``static``),
+    or a ratio's key. Keys that carry a label any other way (files of the removed ``engine_throughput``
+    module, such as ``step_padding_fraction``) stay as stored."""
+    if isinstance(value, list):
+        return [upgrade_labels(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    by_system = "static" in value
+    upgraded = {}
+    for key, item in value.items():
+        key = OLD_LABELS[key] if by_system and key in OLD_LABELS else current_key(key)
+        if key in ("system", "label") and isinstance(item, str):
+            item = OLD_LABELS.get(item, item)
+        upgraded[key] = upgrade_labels(item)
+    return upgraded
+
+
+def read_results(path: Path) -> dict:
+    """A stored results file, its system labels the current ones whenever it was written."""
+    return upgrade_labels(json.loads(Path(path).read_text()))

@@ -6,7 +6,7 @@
 
 Writes ``results.json`` (raw figures, per-request latencies included, with the one results writer's
 meta block), ``report.md`` and PNG figures. The projected columns use the host model
-(``benchmarks.host_model``), measured at the start of the run.
+(``benchmarks.perfmodel.host_model``), measured at the start of the run (``benchmarks.measure_host``).
 """
 from __future__ import annotations
 

@@ -1,20 +1,21 @@
 """Online load benchmark: Poisson arrivals against the serving loop, our schedules vs a static batcher.
 
-Both systems are the replica's own serving loop (``actors.engine_loop.EngineLoop``) over one loaded
-model, driven in-process without HTTP: the HTTP/Serve layer adds the same few milliseconds to both and
-only noise to the comparison, while the loop is where the policies differ.
+Every system is the replica's own serving loop (``actors.engine_loop.EngineLoop``) over one loaded
+model, driven in-process without HTTP: the HTTP/Serve layer adds the same few milliseconds to all and
+only noise to the comparison, while the loop is where the policies differ. Each system is named by its
+engine schedule (results stored before the rename say ``step`` and ``blockserve``; see
+``benchmarks.results_io.read_results``).
 
-* ``step``: engine ``schedule="continuous"``: a row leaves or starts its next block at the step its
-  block completes, and arrivals join at the next step, under the token budget.
-* ``blockserve``: engine ``schedule="block_sync"``: requests join and leave at every block boundary
-  under the token budget.
-* ``static``: engine ``schedule="static"`` with ``static_batch_timeout_s``: collect up to
+* ``continuous``: a row leaves or starts its next block at the step its block completes, and arrivals
+  join at the next step, under the token budget.
+* ``block_sync``: requests join and leave at every block boundary under the token budget.
+* ``static``: with ``static_batch_timeout_s``: collect up to
   ``max_batch_size`` requests or until the oldest has waited ``--static-timeout`` s, then run that batch
   to completion on one shared canvas (Fast-dLLM style); arrivals meanwhile wait for the next batch.
 
-Rates are fractions (``--load``) of BlockServe's measured capacity (a closed batch of the same
+Rates are fractions (``--load``) of ``block_sync``'s measured capacity (a closed batch of the same
 workload), or absolute (``--rates``, requests/s). The systems are interleaved rate by rate, with the same
-arrival times and requests for both. Per run: throughput (generated tokens/s and requests/s over the
+arrival times and requests for all. Per run: throughput (generated tokens/s and requests/s over the
 makespan), latency p50/p99 (arrival to last block) and time to first block p50/p99.
 
     python -m benchmarks serve-load --scale quick --out benchmarks/results/serve_load/quick
@@ -38,7 +39,7 @@ from engine.prompts import encode_prompt
 from tinylm.tasks import read_jsonl
 
 DATA = Path(__file__).resolve().parents[1] / "assets" / "data" / "heldout.jsonl"
-SYSTEMS = {"step": "continuous", "blockserve": "block_sync", "static": "static"}  # label -> schedule
+SYSTEMS = ("continuous", "block_sync", "static")  # each one the engine schedule of that name
 
 
 @dataclass(frozen=True)
@@ -140,10 +141,11 @@ def summarize(results: list[RunResult]) -> list[dict]:
             row[system] = {key: median(getattr(run, key) for run in runs) for key in (
                 "throughput_tok_s", "throughput_rps", "latency_p50_s", "latency_p99_s", "ttfb_p50_s",
                 "ttfb_p99_s", "effective_compute_ratio")}
-        row["p99_latency_ratio"] = row["blockserve"]["latency_p99_s"] / row["static"]["latency_p99_s"]
-        row["throughput_ratio"] = row["blockserve"]["throughput_tok_s"] / row["static"]["throughput_tok_s"]
-        row["step_over_block_p99_latency"] = row["step"]["latency_p99_s"] / row["blockserve"]["latency_p99_s"]
-        row["step_over_block_throughput"] = row["step"]["throughput_tok_s"] / row["blockserve"]["throughput_tok_s"]
+        continuous, block_sync, static = (row[system] for system in SYSTEMS)
+        row["p99_latency_ratio"] = block_sync["latency_p99_s"] / static["latency_p99_s"]
+        row["throughput_ratio"] = block_sync["throughput_tok_s"] / static["throughput_tok_s"]
+        row["continuous_over_block_sync_p99_latency"] = continuous["latency_p99_s"] / block_sync["latency_p99_s"]
+        row["continuous_over_block_sync_throughput"] = continuous["throughput_tok_s"] / block_sync["throughput_tok_s"]
         summary.append(row)
     return summary
 
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--requests", type=int, default=48, help="requests per run")
-    parser.add_argument("--load", default="0.5,0.8,1.0", help="rates as fractions of BlockServe capacity")
+    parser.add_argument("--load", default="0.5,0.8,1.0", help="rates as fractions of block_sync's capacity")
     parser.add_argument("--rates", default=None, help="absolute rates in requests/s (overrides --load)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--max-batch-size", type=int, default=8)
@@ -175,13 +177,13 @@ def main(argv: list[str] | None = None) -> None:
     common = {"max_batch_size": args.max_batch_size, "block_length": args.block_length,
               "steps_per_block": args.steps_per_block}
     collect = {"static": {"static_batch_timeout_s": args.static_timeout}}  # the static batcher's window
-    engines = {system: BlockServeEngine(lm, EngineConfig(schedule=schedule, **common, **collect.get(schedule, {})))
-               for system, schedule in SYSTEMS.items()}
+    engines = {system: BlockServeEngine(lm, EngineConfig(schedule=system, **common, **collect.get(system, {})))
+               for system in SYSTEMS}
     workload = build_workload(lm, args.requests, args.min_blocks, args.max_blocks, args.block_length,
                               args.seed)
-    for system in SYSTEMS:  # warm up both paths (first-call allocations) on a few requests
+    for system in SYSTEMS:  # warm up every path (first-call allocations) on a few requests
         run(engines[system], system, workload[:4], [0.0] * 4, 0.0, -1)
-    capacity = run(engines["blockserve"], "blockserve", workload, [0.0] * len(workload), 0.0, -1)
+    capacity = run(engines["block_sync"], "block_sync", workload, [0.0] * len(workload), 0.0, -1)
     if args.rates:
         rates = [float(rate) for rate in args.rates.split(",")]
     else:

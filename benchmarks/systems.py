@@ -1,10 +1,10 @@
 """The systems under test and one honest way to run them.
 
 All four are schedules of the same engine on the same loaded model, so every difference measured is
-the batching policy's: ``step`` (ours, schedule ``continuous``: rows advance block by block on their
-own), ``block`` (schedule ``block_sync``: BlockServe's block cycles), ``static`` (Fast-dLLM's fixed
-batches) and ``shrink`` (Fast-dLLM v2 / dInfer: finished rows leave, nobody joins). The system labels
-name the stored results; :data:`SCHEDULE_OF` maps each to the engine's schedule.
+the batching policy's. ``continuous`` is ours: rows advance block by block on their own. ``block_sync``
+is BlockServe's block cycles. ``static`` is Fast-dLLM's fixed batches. ``shrink`` is Fast-dLLM v2 and
+dInfer: finished rows leave, and nobody joins. A system's label is its engine schedule's name. Results
+stored before the rename say ``step`` and ``block``; ``benchmarks.results_io.read_results`` maps them.
 """
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from benchmarks.workloads import Workload, exact_match
 from engine import BlockServeEngine, EngineConfig
 from engine.models.loader import DiffusionLM
 
-SYSTEMS = ("step", "block", "static", "shrink")
-SCHEDULE_OF = {"step": "continuous", "block": "block_sync", "static": "static", "shrink": "shrink"}
+SYSTEMS = ("continuous", "block_sync", "static", "shrink")  # each one the engine schedule of that name
 
 
 @dataclass
@@ -49,7 +48,7 @@ class RunResult:
 
 def run_system(lm: DiffusionLM, system: str, workload: Workload, **config: Any) -> RunResult:
     """Queue the whole workload at once (an offline batch, as in the paper) and run it to the end."""
-    engine_config = EngineConfig(schedule=SCHEDULE_OF[system], **config)
+    engine_config = EngineConfig(schedule=system, **config)
     engine = BlockServeEngine(lm, engine_config)
     started = time.perf_counter()
     ids = [engine.add_request(prompt, params) for prompt, params in zip(workload.prompts, workload.params)]

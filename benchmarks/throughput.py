@@ -8,7 +8,7 @@
 Every schedule runs the same requests, interleaved round by round, on the model steered to the replay's
 answer lengths and commit profile (``benchmarks.replay``). Per schedule: CPU tokens/s (measured),
 forwards (refresh / window), rows per forward, padding, steps per block, and each run's own trace
-projected for LLaDA-8B shapes on an H200 twice: with the host model (``benchmarks.host_model``,
+projected for LLaDA-8B shapes on an H200 twice: with the host model (``benchmarks.perfmodel.host_model``,
 measured on this machine at the start of the run unless a calibration file is given) and with the old
 projection (GPU time + 1.92 ms per forward), plus a sensitivity table of the host-model projection to
 its uncertain constants.
@@ -16,13 +16,13 @@ its uncertain constants.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
-from benchmarks import host_model as host_models
+from benchmarks import measure_host
 from benchmarks.commit_profile import LLADA_THRESHOLD_09
-from benchmarks.host_model import HostModel
-from benchmarks.projection import Constants, load_constants, project
+from benchmarks.perfmodel.host_model import HostModel
+from benchmarks.perfmodel.projection import load_constants, project
+from benchmarks.perfmodel.sensitivity import sensitivity_variants
 from benchmarks.replay import WIDTHS, replay
 from benchmarks.results_io import write_results
 from benchmarks.summary import median, median_item
@@ -34,24 +34,6 @@ SCALES = {"smoke": {"requests": 6, "rounds": 1, "batch_size": 4},
 STATS_KEYS = ("tokens_per_s", "denoise_steps", "refresh_forwards", "window_forwards", "rows_per_forward",
               "rows_per_window_forward", "padding_fraction", "useful_row_fraction", "effective_compute_ratio",
               "scheduler_overhead_fraction", "generated_tokens")
-
-
-def sensitivity_variants(constants: Constants, host: HostModel) -> dict[str, tuple[Constants, HostModel]]:
-    """The host-model projection's uncertain constants, each moved alone."""
-    c, r = constants, dataclasses.replace
-    return {
-        "as measured": (c, host),
-        "efficiency 0.3": (r(c, efficiency=0.3), host), "efficiency 0.9": (r(c, efficiency=0.9), host),
-        "bandwidth efficiency 0.7": (r(c, bandwidth_efficiency=0.7), host),
-        "seconds/op x0.25": (c, host.scaled(seconds_per_op=0.25)),
-        "seconds/op x0.5": (c, host.scaled(seconds_per_op=0.5)),
-        "seconds/op x2": (c, host.scaled(seconds_per_op=2.0)),
-        "gap +0.5 ms": (c, r(host, gap_s=host.gap_s + 5e-4)),
-        "elementwise bytes x0.5": (r(c, elementwise_bytes_per_hidden=c.elementwise_bytes_per_hidden / 2), host),
-        "elementwise bytes x2": (r(c, elementwise_bytes_per_hidden=c.elementwise_bytes_per_hidden * 2), host),
-        "logit bytes x2": (r(c, logit_bytes=c.logit_bytes * 2), host),
-        "no host (GPU time only)": (c, r(host, seconds_per_op=0.0, gap_s=0.0)),
-    }
 
 
 def project_run(result: RunResult, host: HostModel, model: str = "llada-8b", device: str = "h200") -> dict:
@@ -90,24 +72,27 @@ def summarize(runs: dict[str, list[RunResult]], host: HostModel) -> dict:
     def ratio(a: str, b: str, key: str = "tokens_per_s") -> float:
         return projected[a][key] / projected[b][key]
 
-    figures = {"block_over_static_measured": table["block"]["tokens_per_s"] / table["static"]["tokens_per_s"],
-               "step_over_block_measured": table["step"]["tokens_per_s"] / table["block"]["tokens_per_s"],
-               "block_over_static_projected": ratio("block", "static"),
-               "step_over_block_projected": ratio("step", "block"),
-               "step_over_shrink_projected": ratio("step", "shrink"),
-               "block_over_static_old_projection": ratio("block", "static", "old_tokens_per_s"),
-               "step_over_block_old_projection": ratio("step", "block", "old_tokens_per_s")}
+    def measured(a: str, b: str) -> float:
+        return table[a]["tokens_per_s"] / table[b]["tokens_per_s"]
+
+    figures = {"block_sync_over_static_measured": measured("block_sync", "static"),
+               "continuous_over_block_sync_measured": measured("continuous", "block_sync"),
+               "block_sync_over_static_projected": ratio("block_sync", "static"),
+               "continuous_over_block_sync_projected": ratio("continuous", "block_sync"),
+               "continuous_over_shrink_projected": ratio("continuous", "shrink"),
+               "block_sync_over_static_old_projection": ratio("block_sync", "static", "old_tokens_per_s"),
+               "continuous_over_block_sync_old_projection": ratio("continuous", "block_sync", "old_tokens_per_s")}
     return {"systems": table, "figures": figures,
             "identical_outputs": len({row["outputs_digest"] for row in table.values()}) == 1}
 
 
 def print_table(name: str, summary: dict) -> None:
     print(f"\n{name}: outputs identical across schedules: {summary['identical_outputs']}")
-    print(f"{'schedule':>8} {'CPU tok/s':>9} {'fwd':>5} {'rows/f':>6} {'steps/blk':>9} | {'H200 tok/s*':>11} "
+    print(f"{'schedule':>10} {'CPU tok/s':>9} {'fwd':>5} {'rows/f':>6} {'steps/blk':>9} | {'H200 tok/s*':>11} "
           f"{'MFU*':>6} {'host-bound':>10} | {'old tok/s*':>10}")
     for system, row in summary["systems"].items():
         p = row["projected"]
-        print(f"{system:>8} {row['tokens_per_s']:9.1f} {row['denoise_steps']:5.0f} {row['rows_per_forward']:6.2f} "
+        print(f"{system:>10} {row['tokens_per_s']:9.1f} {row['denoise_steps']:5.0f} {row['rows_per_forward']:6.2f} "
               f"{row['row_steps_per_block']:9.2f} | {p['tokens_per_s']:11.1f} {p['mfu']:6.1%} "
               f"{p['host_bound_calls']:>4}/{p['calls']:<5} | {p['old_tokens_per_s']:10.1f}")
     print("(* projected from each run's trace: LLaDA-8B shapes on an H200, host model; old: GPU + 1.92 ms)")
@@ -173,7 +158,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def load_host_model(spec: str, device: str, scale: str = "full") -> HostModel:
     if spec == "measure":  # the smoke scale measures a shallower model: its ops per layer are the same
-        return host_models.measure(device=device, **({"deep_layers": 4, "prompts": 4, "repeats": 1}
+        return measure_host.measure(device=device, **({"deep_layers": 4, "prompts": 4, "repeats": 1}
                                                      if scale == "smoke" else {}))
     return HostModel.from_dict(__import__("json").loads(Path(spec).read_text()))
 

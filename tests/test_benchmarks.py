@@ -8,6 +8,8 @@ import pytest
 
 from engine import EngineConfig, SamplingParams
 
+STORED = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
 HOST = {"fixed_ops": {"refresh": 200.0, "window": 150.0, "packed": 230.0},
         "ops_per_layer": {"refresh": 30.0, "window": 30.0, "packed": 45.0},
         "seconds_per_op": 5e-6, "gap_s": 2e-4, "source": "test figures"}
@@ -27,7 +29,7 @@ def test_smallest_suite_piece_writes_raw_json_a_report_and_a_figure(tmp_path, ho
                     "--out", str(tmp_path)])
     for workload in ("tiny-heldout", "humaneval", "replay-humaneval", "replay-short"):
         table = results["throughput"][workload]
-        assert [row["system"] for row in table["rows"]] == ["step", "block", "static", "shrink"]
+        assert [row["system"] for row in table["rows"]] == ["continuous", "block_sync", "static", "shrink"]
         assert table["identical_outputs"], "the schedules must give every request the same answer"
         if workload.startswith("replay"):  # unsteered, the tiny model may write nothing but EOS
             assert all(row["tokens_per_s"] > 0 for row in table["rows"])
@@ -78,7 +80,7 @@ def test_gpu_smoke_runs_the_whole_path_and_leaves_results_traces_and_a_summary(t
         main(["gpu", "--smoke", "--out", str(tmp_path)])
     results = json.loads((tmp_path / "results.json").read_text())
     runs = results["models"]["llada-tiny"]["runs"]["modes"]["eager"]
-    assert set(runs) == {"step", "block", "static", "shrink"}
+    assert set(runs) == {"continuous", "block_sync", "static", "shrink"}
     invariant = results["exactness_bf16"]["batch-invariant"]  # a child process, bf16, every rule x cache
     assert len(invariant) == 9 and set(invariant.values()) == {1.0}
     for system, run in runs.items():
@@ -100,11 +102,11 @@ def test_length_replay_stops_every_request_at_its_target_through_the_real_decode
     workload = replay("short", engine.lm, 6)
     steered = workload.steered(engine.lm)
     results = {system: run_system(steered, system, workload.workload, max_batch_size=4)
-               for system in ("step", "block", "static")}
+               for system in ("continuous", "block_sync", "static")}
     for result in results.values():
         assert [r["output_tokens"] for r in result.requests] == workload.answer_lengths
     eos_blocks = [length // 32 + 1 for length in workload.answer_lengths]  # EOS sits right after the answer
-    for system in ("step", "block"):
+    for system in ("continuous", "block_sync"):
         assert [r["num_blocks"] for r in results[system].requests] == eos_blocks
     assert len({result.extra["outputs_digest"] for result in results.values()}) == 1
 
@@ -123,7 +125,7 @@ def test_throughput_projects_each_schedule_with_the_host_model_and_the_old_proje
             "no host (GPU time only)"]
         assert 0 < projected["mfu"] <= 1 and projected["old_tokens_per_s"] > 0
         assert projected["refresh_s"] + projected["window_s"] == pytest.approx(projected["total_s"])
-    assert {"step_over_block_projected", "block_over_static_old_projection"} <= set(summary["figures"])
+    assert {"continuous_over_block_sync_projected", "block_sync_over_static_old_projection"} <= set(summary["figures"])
     assert json.loads((tmp_path / "throughput.json").read_text())["meta"]["command"].startswith(
         "python -m benchmarks throughput")
     assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
@@ -132,7 +134,7 @@ def test_throughput_projects_each_schedule_with_the_host_model_and_the_old_proje
 def test_every_experiment_is_reachable_from_the_one_cli():
     import importlib
 
-    from benchmarks.__main__ import EXPERIMENTS, translate
+    from benchmarks.__main__ import EXPERIMENTS, main, translate
 
     for experiment in EXPERIMENTS:
         module, argv = translate(experiment, "smoke", None, None, [])
@@ -140,6 +142,48 @@ def test_every_experiment_is_reachable_from_the_one_cli():
     assert translate("aging", "full", None, Path("/tmp/x"), [])[1] == ["--json", "/tmp/x/aging.json"]
     with pytest.raises(SystemExit, match="no --device"):
         translate("gpu", None, "cuda", None, [])
+    with pytest.raises(SystemExit):  # everything the GPU run writes goes under --out: it has to be given
+        main(["gpu", "--smoke"])
+
+
+def test_the_cli_help_lists_every_experiment_once_from_its_summary():
+    from benchmarks.__main__ import EXPERIMENTS, describe
+
+    help_text = describe()
+    for name, experiment in EXPERIMENTS.items():
+        assert help_text.count(f"\n    {name} ") == 1 and experiment.summary in help_text, name
+    readme = (STORED.parent / "README.md").read_text()
+    assert all(f"| `{name}` |" in readme for name in EXPERIMENTS)
+
+
+def old_labels(value) -> list:
+    """Every place an old system label still sits: a label field, a key of a mapping by system, a ratio's key."""
+    from benchmarks.results_io import OLD_LABELS, OLD_RATIO
+
+    if isinstance(value, list):
+        return [found for item in value for found in old_labels(item)]
+    if not isinstance(value, dict):
+        return []
+    found = [key for key in value if ("static" in value and key in OLD_LABELS) or OLD_RATIO.match(key)]
+    found += [item for key, item in value.items() if key in ("system", "label") and item in OLD_LABELS]
+    return found + [inner for item in value.values() for inner in old_labels(item)]
+
+
+def test_stored_results_read_back_under_the_schedule_names(tmp_path):
+    from benchmarks.plots import measured_vs_projected
+    from benchmarks.results_io import read_results
+
+    stored = sorted(STORED.rglob("*.json"))
+    assert len(stored) > 10 and any(old_labels(json.loads(path.read_text())) for path in stored)
+    for path in stored:
+        assert not old_labels(read_results(path)), path
+    raw = json.loads((STORED / "serve_load" / "step-vs-block.json").read_text())["summary"][0]
+    row = read_results(STORED / "serve_load" / "step-vs-block.json")["summary"][0]
+    assert row["continuous"] == raw["step"] and row["block_sync"] == raw["blockserve"]
+    assert row["continuous_over_block_sync_throughput"] == raw["step_over_block_throughput"]
+    throughput = read_results(STORED / "throughput" / "throughput.json")
+    assert list(throughput["workloads"]["humaneval"]["systems"]) == ["continuous", "block_sync", "static", "shrink"]
+    assert measured_vs_projected(throughput, tmp_path / "figure.png").stat().st_size > 1000
 
 
 def test_one_median_and_one_percentile():
@@ -175,8 +219,8 @@ def test_commit_profile_decides_every_steps_commits_identically_for_every_schedu
     steered = workload.steered(lm)
     counts = steered.model.commit_counts(32)
     results = {system: run_system(steered, system, workload.workload, max_batch_size=3)
-               for system in ("step", "block", "static")}
-    for system in ("step", "block"):
+               for system in ("continuous", "block_sync", "static")}
+    for system in ("continuous", "block_sync"):
         assert sum(record.rows for record in results[system].extra["trace"]) == expected_row_steps(
             counts, workload.answer_lengths)
     assert len({result.extra["outputs_digest"] for result in results.values()}) == 1

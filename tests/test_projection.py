@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks.calibration_fit import calibration_rows, fit_constants
-from benchmarks.hardware import DEVICES, DREAM_7B, H200_SXM, LLADA_8B, MODELS
-from benchmarks.projection import (
+from benchmarks.perfmodel.calibration_fit import calibration_rows, fit_constants
+from benchmarks.perfmodel.hardware import DEVICES, DREAM_7B, H200_SXM, LLADA_8B, MODELS
+from benchmarks.perfmodel.projection import (
     DEFAULT_SOURCE,
     Constants,
     default_constants,
@@ -194,7 +194,7 @@ def test_an_efficiency_no_sample_is_bound_by_stays_at_the_device_default():
 # --- the host model -----------------------------------------------------------------------------------
 
 def host(seconds_per_op: float, gap_s: float = 0.0):
-    from benchmarks.host_model import HostModel
+    from benchmarks.perfmodel.host_model import HostModel
 
     return HostModel({"refresh": 200.0, "window": 150.0, "packed": 250.0},
                      {"refresh": 40.0, "window": 40.0, "packed": 55.0}, seconds_per_op, gap_s, "test")
@@ -237,9 +237,24 @@ def test_a_host_bound_trace_projects_lower_than_the_old_constant_overhead_says()
 
 
 def test_host_model_round_trips_through_its_calibration_file(tmp_path):
-    from benchmarks import host_model
+    from benchmarks.perfmodel import host_model
 
     model = host(7e-6, 2e-4)
     host_model.save(model, "cpu", tmp_path)
     assert host_model.load("cpu", tmp_path) == model
     assert host_model.load("h200", tmp_path) is None
+
+
+def test_the_performance_model_loads_neither_torch_nor_the_engine():
+    """The model is arithmetic on records and figures: the experiments, not the model, run the engine."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import benchmarks.perfmodel.projection, benchmarks.perfmodel.calibration_fit, "
+            "benchmarks.perfmodel.sensitivity, sys; print(' '.join(sys.modules))")
+    root = Path(__file__).resolve().parents[1]
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert not {"torch", "engine"} & {name.split(".")[0] for name in loaded}
+    assert not [name for name in loaded if name.startswith("benchmarks.") and not name.startswith("benchmarks.perf")]

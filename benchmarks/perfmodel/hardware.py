@@ -6,7 +6,9 @@ Two kinds of number live here:
   named next to each value. Vendor "GB" and "TB/s" are decimal (1e9, 1e12).
 * **Assumptions to be calibrated** (``efficiency``, ``bandwidth_efficiency``, ``launch_overhead_s``). They
   are round guesses until a GPU run writes ``benchmarks/calibration/<device>.json`` (see
-  ``benchmarks.projection.load_constants`` / ``fit_constants``).
+  ``benchmarks.perfmodel.projection.load_constants`` / ``calibration_fit.fit_constants``).
+
+Every constant's value and source is tabulated in this package's README.md.
 """
 from __future__ import annotations
 

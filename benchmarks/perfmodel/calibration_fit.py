@@ -1,8 +1,8 @@
 """Fit the projection's constants (efficiencies, per-forward overhead) to measured GPU seconds.
 
-``benchmarks.calibrate_gpu`` measures (record, seconds) samples on a GPU; :func:`fit_constants` finds
-the :class:`~benchmarks.projection.Constants` that price them best and :func:`calibration_rows` is the
-measured-vs-projected table ``save_constants`` keeps beside them.
+The experiment ``benchmarks.calibrate_gpu`` measures (record, seconds) samples on a GPU.
+:func:`fit_constants` finds the :class:`~benchmarks.perfmodel.projection.Constants` that price them
+best, and :func:`calibration_rows` is the measured-vs-projected table ``save_constants`` keeps beside them.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from benchmarks.hardware import Device, ModelShape
-from benchmarks.projection import Constants, forward_bytes, forward_cost, forward_flops
+from benchmarks.perfmodel.hardware import Device, ModelShape
+from benchmarks.perfmodel.projection import Constants, forward_bytes, forward_cost, forward_flops
 
 if TYPE_CHECKING:  # only the type: importing the engine package would pull in torch
     from engine.trace import ForwardRecord

@@ -1,7 +1,7 @@
 """Project what a recorded forward trace would cost on a GPU with real model shapes (a roofline).
 
 Benchmarks run a tiny model on a CPU, but every model call leaves an ``engine.trace.ForwardRecord``
-(rows, tokens, context, logit positions). Here each record is priced on a ``benchmarks.hardware.Device``
+(rows, tokens, context, logit positions). Here each record is priced on a ``benchmarks.perfmodel.hardware.Device``
 for a ``ModelShape`` (H = heads x head_dim, V = vocab, kv = KV-cache bytes per position):
 
     FLOPs = 2 x block_params x forward_tokens                            linear layers
@@ -18,7 +18,7 @@ for a ``ModelShape`` (H = heads x head_dim, V = vocab, kv = KV-cache bytes per p
             + launch_overhead
 
 That is the **old projection** (``host=None``): GPU time plus a constant per forward. With a host
-model (``benchmarks.host_model.HostModel``) a forward costs instead
+model (``benchmarks.perfmodel.host_model.HostModel``) a forward costs instead
 
     gpu_s  = max(FLOPs / (peak x efficiency), bytes / (bandwidth x bandwidth_efficiency))
              + traffic / (bandwidth x bandwidth_efficiency)
@@ -28,7 +28,7 @@ model (``benchmarks.host_model.HostModel``) a forward costs instead
 
 (the elementwise kernels are memory-bound and run between the GEMMs, so their time adds; the host
 issues a step's operations while the GPU runs them and waits once per step). Not counted either way:
-the embedding gather. ``benchmarks.calibration_fit.fit_constants`` fits the efficiencies (and the old
+the embedding gather. ``benchmarks.perfmodel.calibration_fit.fit_constants`` fits the efficiencies (and the old
 model's overhead) to measured GPU seconds; ``load_constants`` reads the result.
 
 Per-part time of a packed call: each part is costed as if it were its own call and the two figures are
@@ -45,14 +45,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from benchmarks.hardware import DEVICES, ELEMENTWISE_BYTES_PER_HIDDEN_PER_LAYER, LOGIT_BYTES, MODELS, Device, ModelShape
+from benchmarks.perfmodel.hardware import (
+    DEVICES,
+    ELEMENTWISE_BYTES_PER_HIDDEN_PER_LAYER,
+    LOGIT_BYTES,
+    MODELS,
+    Device,
+    ModelShape,
+)
 
 if TYPE_CHECKING:  # only the type: importing the engine package would pull in torch
-    from benchmarks.host_model import HostModel
+    from benchmarks.perfmodel.host_model import HostModel
     from engine.trace import ForwardRecord
 
-CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
-DEFAULT_SOURCE = "default (uncalibrated assumptions, benchmarks/hardware.py)"
+CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "calibration"
+DEFAULT_SOURCE = "default (uncalibrated assumptions, benchmarks/perfmodel/hardware.py)"
 
 
 @dataclass(frozen=True, slots=True)

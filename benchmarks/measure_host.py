@@ -1,60 +1,23 @@
-"""The host side of a step, measured: aten operations per kind of forward x seconds per operation.
+"""Measure the host model on this machine: the experiment behind ``python -m benchmarks host-model``.
 
-On a GPU the host issues every operation of a step (dispatch + launch) while the GPU runs the ones
-already issued, and waits once per step (the sync that reads the step's result back). So a forward
-costs max(GPU time, host time) and every step adds the host's own gap (scheduler, batch building):
-
-    step_s = max(gpu_s, (fixed_ops[kind] + layers x ops_per_layer[kind]) x seconds_per_op) + gap_s
-
-The operation counts come from the engine itself, counted with ``benchmarks.host_ops.OpCounter`` over
+The model itself (:class:`benchmarks.perfmodel.host_model.HostModel`: operations per kind of forward x
+seconds per operation, plus a gap per step) is priced by the performance model. Here its figures are
+measured on the engine itself. The operation counts come from ``benchmarks.host_ops.OpCounter`` over
 whole steps of a random model of the projected family at 1 and at 32 layers (per kind: refresh,
 window, packed), on the steered HumanEval replay (whose steering adds ~30 operations a step).
 ``seconds_per_op`` and ``gap_s`` are fitted (a line through the window steps of both depths: slope per
 operation, intercept the gap) to the measured seconds of the same steps on a model of tiny dimensions,
-where compute is negligible: on the CPU that is dispatch cost, on a GPU dispatch + launch. Nothing is a
-constant of this file: :func:`measure` runs in seconds, and :func:`save` / :func:`load` keep a result
-in ``benchmarks/calibration/host-<device>.json``.
+where compute is negligible: on the CPU that is dispatch cost, on a GPU dispatch + launch.
+:func:`measure` runs in seconds; ``main`` keeps the result in ``benchmarks/calibration/host-<device>.json``.
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
-import statistics
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
-KINDS = ("refresh", "window", "packed")
-
-
-@dataclass(frozen=True)
-class HostModel:
-    fixed_ops: dict[str, float]  # per kind: operations of a step that do not grow with depth
-    ops_per_layer: dict[str, float]
-    seconds_per_op: float
-    gap_s: float  # host seconds per step beyond its operations
-    source: str
-
-    def ops(self, kind: str, layers: int) -> float:
-        known = kind if kind in self.fixed_ops else max(self.fixed_ops, key=lambda k: self.fixed_ops[k])
-        return self.fixed_ops[known] + layers * self.ops_per_layer[known]
-
-    def host_s(self, kind: str, layers: int) -> float:
-        return self.ops(kind, layers) * self.seconds_per_op
-
-    def scaled(self, seconds_per_op: float = 1.0, gap: float = 1.0) -> HostModel:
-        return dataclasses.replace(self, seconds_per_op=self.seconds_per_op * seconds_per_op,
-                                   gap_s=self.gap_s * gap)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> HostModel:
-        return cls(dict(data["fixed_ops"]), dict(data["ops_per_layer"]), float(data["seconds_per_op"]),
-                   float(data["gap_s"]), str(data["source"]))
+from benchmarks.perfmodel import host_model
+from benchmarks.perfmodel.host_model import KINDS, HostModel, fit_seconds_per_op
 
 
 def _steps(engine, prompts, params, counting: bool, clock=time.perf_counter) -> list[tuple[str, float]]:
@@ -132,36 +95,12 @@ def _measure(fixture: str, device: str, deep_layers: int, prompts: int, repeats:
     fixed = {kind: ops[1][kind] - per_layer[kind] for kind in kinds}
     fitted = ["window"] if "window" in kinds else kinds  # the smallest tensors: compute is least there
     points = [(ops[layers][kind], seconds[layers][kind]) for layers in ops for kind in fitted]
-    seconds_per_op, gap_s = _fit_line(points)
+    seconds_per_op, gap_s = fit_seconds_per_op(points)
     where = torch.cuda.get_device_name() if device.startswith("cuda") else "this CPU (process CPU time)"
     source = (f"measured {datetime.date.today().isoformat()} on {where}: {fixture} family at 1 and "
               f"{deep_layers} layers{', compiled' if compile else ''}, engine {engine_config or 'defaults'}")
     return HostModel({k: round(v, 1) for k, v in fixed.items()}, {k: round(v, 2) for k, v in per_layer.items()},
                      seconds_per_op, gap_s, source)
-
-
-def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares seconds = ops x slope + intercept; the intercept clipped at 0."""
-    mean_x = statistics.fmean(x for x, _ in points)
-    mean_y = statistics.fmean(y for _, y in points)
-    spread = sum((x - mean_x) ** 2 for x, _ in points)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread else mean_y / mean_x
-    intercept = mean_y - slope * mean_x
-    if intercept < 0:
-        return sum(y for _, y in points) / sum(x for x, _ in points), 0.0
-    return slope, intercept
-
-
-def save(model: HostModel, name: str, directory: Path = CALIBRATION_DIR) -> Path:
-    path = Path(directory) / f"host-{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(model.to_dict(), indent=1) + "\n")
-    return path
-
-
-def load(name: str, directory: Path = CALIBRATION_DIR) -> HostModel | None:
-    path = Path(directory) / f"host-{name}.json"
-    return HostModel.from_dict(json.loads(path.read_text())) if path.exists() else None
 
 
 def main(argv: list[str] | None = None) -> HostModel:
@@ -174,7 +113,7 @@ def main(argv: list[str] | None = None) -> HostModel:
     parser.add_argument("--compile", action="store_true", help="models loaded with compile=True")
     args = parser.parse_args(argv)
     model = measure(device=args.device, deep_layers=args.deep_layers, compile=args.compile)
-    path = save(model, args.device.split(":")[0] + ("-compiled" if args.compile else ""))
+    path = host_model.save(model, args.device.split(":")[0] + ("-compiled" if args.compile else ""))
     print(json.dumps(model.to_dict(), indent=1))
     print(f"wrote {path}")
     return model
