@@ -9,7 +9,8 @@ def chat(text: str) -> list[dict]:
 
 
 class StepRecorder:
-    """Wraps the runner to see every step that runs rows: block indices, refresh/window rows, box."""
+    """Wraps the runner to see every step that runs rows: block indices, refresh/window rows, box, and the
+    widest row the scheduler gave it."""
 
     def __init__(self, engine):
         self.steps: list[dict] = []
@@ -18,11 +19,13 @@ class StepRecorder:
         def recording_execute(scheduled):
             refresh, window = scheduled.refresh, scheduled.window
             block_indices = [r.block_index for r in (*refresh, *window)]
+            widest = max((r.width for r in (*refresh, *window)), default=0)
             output = execute(scheduled)
             if scheduled.num_rows:
                 self.steps.append({"block_indices": block_indices, "refresh": {r.request_id for r in refresh},
                                    "window": {r.request_id for r in window},
-                                   "box": output.record.bounding_box_tokens, "rows": output.record.rows})
+                                   "box": output.record.bounding_box_tokens, "rows": output.record.rows,
+                                   "widest": widest})
             return output
 
         engine.runner.execute = recording_execute

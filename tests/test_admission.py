@@ -1,5 +1,6 @@
 """One admission check: a request that can never run gets the same error from the engine, the OpenAI
-server (a 400) and a Ray Data row, because all three ask ``engine.tokenize`` / ``engine.check``."""
+server (a 400) and a Ray Data row, because all three ask ``engine.tokenize`` / ``engine.check``. The check
+itself (``AdmissionLimits``) needs no model: it names the setting at fault from sizes alone."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,7 @@ import pytest
 
 from actors.serving.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from engine import BlockServeEngine, EngineConfig, SamplingParams
-from engine.admission import AdmissionError
+from engine.admission import AdmissionError, AdmissionLimits
 from tests.pipeline_helpers import freeze_tiny_model
 
 ENGINE = {"block_length": 8, "max_batch_size": 2, "max_model_len": 64}
@@ -30,6 +31,27 @@ def engine_error(engine: BlockServeEngine, prompt, params: SamplingParams) -> st
     output = engine.generate([prompt], params)[0]
     assert output.finish_reason == "error"
     return output.error
+
+
+def test_the_limits_name_the_setting_at_fault_and_the_limit_it_exceeds_with_no_model():
+    limits = AdmissionLimits(block_length=8, vocab_size=100, model_max_length=128, token_budget=96, max_model_len=64)
+    faults = {}
+    for prompt_tokens, max_new_tokens in ((20, 64), (60, 8), (100, 8), (20, 100)):
+        with pytest.raises(AdmissionError) as raised:
+            limits.check_width(prompt_tokens, SamplingParams(max_new_tokens=max_new_tokens))
+        assert raised.value.too_long
+        faults[prompt_tokens, max_new_tokens] = (raised.value.param, str(raised.value).rsplit(" exceeds ", 1)[1])
+    assert faults == {(20, 64): ("max_new_tokens", "the engine's max_model_len (64)"),  # 20 + 8 blocks = 84
+                      (60, 8): ("prompt", "the engine's max_model_len (64)"),  # not even one block fits
+                      (100, 8): ("prompt", "the engine's token budget (96)"),
+                      (20, 100): ("max_new_tokens", "the engine's token budget (96)")}  # 20 + 13 blocks = 124
+    limits.check_width(20, SamplingParams(max_new_tokens=40))  # 20 + 40 fits: nothing raised
+    assert limits.prompt_room(SamplingParams(max_new_tokens=40)) == 24
+    for params, param in ((SamplingParams(logit_bias={100: 1.0}), "logit_bias"), (SamplingParams(top_p=0), "top_p"),
+                          ({"max_new_tokens": 8}, "params")):
+        with pytest.raises(AdmissionError) as raised:
+            limits.check_params(params)
+        assert raised.value.param == param and not raised.value.too_long
 
 
 def test_check_raises_what_add_request_reports(engine):
