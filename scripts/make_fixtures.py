@@ -1,4 +1,4 @@
-"""Write two tiny random checkpoints in the real LLaDA and Dream on-disk formats (test fixtures).
+"""Write tiny random checkpoints in the real LLaDA, Dream, SDAR and LLaDA2 on-disk formats (test fixtures).
 
 ``python -m scripts.make_fixtures [out_dir]`` (default ``tests/fixtures``) writes
 
@@ -11,6 +11,18 @@
   tokenizer with Dream/Qwen special tokens (``<|mask|>``, ``<|im_end|>``, ``<|endoftext|>`` as EOS and
   pad, special tokens at the end of the vocab like Qwen's, ``tokenizer_class: "DreamTokenizer"`` as
   in the released tokenizer_config.json) and a ChatML chat template.
+* ``tiny-sdar/``: SDAR's config.json (Qwen3 keys, ``block_size``, ``mask_token_id``,
+  ``fuse_cross_entropy: false``), Qwen3 weight names with q/k norms, head_dim 16 != hidden/heads 8,
+  grouped-query attention, untied head; generation_config.json stops on ``<|im_end|>`` and
+  ``<|endoftext|>``; a character tokenizer with ``<|MASK|>`` and ChatML.
+* ``tiny-llada2/``: LLaDA2's config.json (no mask_token_id), fused ``query_key_value``, q/k norms,
+  partial RoPE (factor 0.5), one dense layer then MoE layers (8 experts in 4 groups, 2 groups and 2
+  experts per token, one shared expert, routed scaling 2.5, a random nonzero ``expert_bias``); a
+  character tokenizer with ``<|mask|>``, ``<|endoftext|>``, ``<|role_end|>``.
+
+The SDAR and LLaDA2 output heads are sharpened (x20) and their MASK row zeroed, so confidence
+thresholds fire on a random model and MASK is never the argmax. Their MASK embedding is zeroed, so
+masked positions predict from their context and the decoding rules commit differently.
 
 Weights are random (fixed seed) and stored in float32 so the files are deterministic and numerical
 tests can compare against them exactly; norm weights and biases are random too, so a mis-mapped norm
@@ -21,6 +33,7 @@ from __future__ import annotations
 import json
 import string
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -28,10 +41,11 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from engine.models.config import TransformerConfig
+from engine.models.config import MoEConfig, TransformerConfig
+from engine.models.moe import Router
 from engine.models.transformer import BidirectionalTransformer
 from tinylm import tokenizer as llada_tokenizer
-from tinylm.export import dream_config_json, llada_config_json, save_checkpoint
+from tinylm.export import dream_config_json, llada2_config_json, llada_config_json, save_checkpoint, sdar_config_json
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 SEED = 1234
@@ -42,6 +56,15 @@ DREAM_SPECIAL_TOKENS = (DREAM_EOS, DREAM_IM_START, DREAM_IM_END, DREAM_MASK, DRE
 DREAM_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+SDAR_SPECIAL_TOKENS = (DREAM_EOS, DREAM_IM_START, DREAM_IM_END, "<|MASK|>", DREAM_UNK)
+LLADA2_ROLE_END, LLADA2_MASK = "<|role_end|>", "<|mask|>"
+LLADA2_SPECIAL_TOKENS = (DREAM_EOS, LLADA2_MASK, LLADA2_ROLE_END, "<role>", "</role>", DREAM_UNK)
+LLADA2_CHAT_TEMPLATE = (
+    "{% for message in messages %}<role>{{ 'HUMAN' if message['role'] == 'user' else message['role'] | upper }}"
+    "</role>{{ message['content'] }}<|role_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}")
+SHARPEN = 20.0
 
 LLADA_SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 CHARACTERS = tuple(c for c in string.printable if c not in "\x0b\x0c\r")  # the fixtures' character order
@@ -61,6 +84,22 @@ def dream_transformer_config(vocab_size: int) -> TransformerConfig:
         max_position_embeddings=32768, tie_word_embeddings=False)
 
 
+def sdar_transformer_config(vocab_size: int) -> TransformerConfig:
+    return TransformerConfig(
+        vocab_size=vocab_size, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+        intermediate_size=48, rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=32768,
+        head_dim=16, qk_norm=True, attention="block_causal")
+
+
+def llada2_transformer_config(vocab_size: int) -> TransformerConfig:
+    moe = MoEConfig(num_experts=8, experts_per_token=2, moe_intermediate_size=16, n_group=4, topk_group=2,
+                    num_shared_experts=1, routed_scaling_factor=2.5, first_k_dense_replace=1)
+    return TransformerConfig(
+        vocab_size=vocab_size, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2,
+        intermediate_size=48, rope_theta=600000.0, rms_norm_eps=1e-6, max_position_embeddings=16384,
+        head_dim=16, qk_norm=True, rotary_dim=8, attention="block_causal", moe=moe)
+
+
 def build_llada_tokenizer() -> PreTrainedTokenizerFast:
     """One token per character, LLaDA's special tokens first (as the tiny model's tokenizer names them)."""
     vocab = {token: index for index, token in enumerate(llada_tokenizer.SPECIAL_TOKENS + CHARACTERS)}
@@ -70,23 +109,28 @@ def build_llada_tokenizer() -> PreTrainedTokenizerFast:
     return llada_tokenizer.with_llada_specials(core)
 
 
-def build_dream_tokenizer() -> PreTrainedTokenizerFast:
-    """The character tokenizer with Qwen/Dream special tokens, placed after the ordinary vocab."""
-    vocab = {token: index for index, token in enumerate(CHARACTERS + DREAM_SPECIAL_TOKENS)}
+def build_chat_tokenizer(specials: tuple[str, ...], mask: str, template: str) -> PreTrainedTokenizerFast:
+    """The character tokenizer with a family's special tokens placed after the ordinary vocab (as
+    Qwen's are), ``<|endoftext|>`` as EOS and pad."""
+    vocab = {token: index for index, token in enumerate(CHARACTERS + specials)}
     core = Tokenizer(models.WordLevel(vocab, unk_token=DREAM_UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
     core.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, eos_token=DREAM_EOS, pad_token=DREAM_EOS, unk_token=DREAM_UNK,
-        mask_token=DREAM_MASK, additional_special_tokens=[DREAM_IM_START, DREAM_IM_END],
+        mask_token=mask, additional_special_tokens=[t for t in specials if t not in (DREAM_EOS, DREAM_UNK, mask)],
         padding_side="left")
-    tokenizer.chat_template = DREAM_CHAT_TEMPLATE
+    tokenizer.chat_template = template
     return tokenizer
 
 
+def build_dream_tokenizer() -> PreTrainedTokenizerFast:
+    return build_chat_tokenizer(DREAM_SPECIAL_TOKENS, DREAM_MASK, DREAM_CHAT_TEMPLATE)
+
+
 def random_model(config: TransformerConfig, generator: torch.Generator) -> BidirectionalTransformer:
-    """Every parameter drawn from ``generator``: linear weights ~ U(+-1/sqrt(fan_in)), embeddings ~
-    N(0, 1), norm weights ~ 1 + 0.2 N(0, 1), biases ~ 0.1 N(0, 1)."""
+    """Every parameter drawn from ``generator``: linear weights (stacked experts too) ~
+    U(+-1/sqrt(fan_in)), embeddings ~ N(0, 1), norm weights ~ 1 + 0.2 N(0, 1), biases ~ 0.1 N(0, 1)."""
     model = BidirectionalTransformer(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -97,7 +141,7 @@ def random_model(config: TransformerConfig, generator: torch.Generator) -> Bidir
             elif name.endswith(".bias"):
                 param.copy_(0.1 * torch.randn(param.shape, generator=generator))
             else:
-                bound = param.shape[1] ** -0.5
+                bound = param.shape[-1] ** -0.5
                 param.copy_((torch.rand(param.shape, generator=generator) * 2 - 1) * bound)
     return model
 
@@ -159,22 +203,76 @@ def make_dream(directory: Path, generator: torch.Generator) -> None:
         "mask_token_id": ids["mask"]})
 
 
-def make_fixtures(out_dir: Path | str = DEFAULT_OUT) -> tuple[Path, Path]:
-    """Write ``tiny-llada`` and ``tiny-dream`` under ``out_dir``; returns their paths."""
+def sharpened(model: BidirectionalTransformer, mask_id: int) -> BidirectionalTransformer:
+    """The output head x SHARPEN, MASK's head row zeroed: confident, never MASK (a random model's
+    softmax is flat, and MASK could win). MASK's embedding is zeroed too, so a masked position's
+    prediction comes from its context: otherwise the MASK input dominates and every masked position
+    predicts the same token, and every decoding rule commits the same way."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(SHARPEN)
+        model.lm_head.weight[mask_id] = 0
+        model.embed_tokens.weight[mask_id] = 0
+    return model
+
+
+def make_sdar(directory: Path, generator: torch.Generator) -> None:
+    tokenizer = build_chat_tokenizer(SDAR_SPECIAL_TOKENS, "<|MASK|>", DREAM_CHAT_TEMPLATE)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SDAR_SPECIAL_TOKENS}
+    config = sdar_transformer_config(len(tokenizer))
+    model = sharpened(random_model(config, generator), ids["<|MASK|>"])
+    config_json = sdar_config_json(config, mask_id=ids["<|MASK|>"], eos_id=ids[DREAM_EOS], pad_id=ids[DREAM_EOS],
+                                   block_size=4)
+    config_json["torch_dtype"] = "float32"
+    save_checkpoint(model, directory, "sdar", config_json, dtype=torch.float32)
+    tokenizer.save_pretrained(str(directory))
+    write_json(directory / "generation_config.json", {
+        "bos_token_id": ids[DREAM_EOS], "eos_token_id": [ids[DREAM_IM_END], ids[DREAM_EOS]],
+        "pad_token_id": ids[DREAM_EOS]})
+
+
+def make_llada2(directory: Path, generator: torch.Generator) -> None:
+    tokenizer = build_chat_tokenizer(LLADA2_SPECIAL_TOKENS, LLADA2_MASK, LLADA2_CHAT_TEMPLATE)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in LLADA2_SPECIAL_TOKENS}
+    config = llada2_transformer_config(len(tokenizer))
+    model = sharpened(random_model(config, generator), ids[LLADA2_MASK])
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, Router):  # nonzero: a mis-applied bias changes which experts run
+                module.expert_bias.copy_(0.1 * torch.randn(module.expert_bias.shape, generator=generator))
+    config_json = llada2_config_json(config, pad_id=ids[DREAM_EOS])
+    config_json["torch_dtype"] = "float32"
+    save_checkpoint(model, directory, "llada2", config_json, dtype=torch.float32)
+    tokenizer.save_pretrained(str(directory))
+    write_json(directory / "generation_config.json", {"eos_token_id": ids[DREAM_EOS], "pad_token_id": ids[DREAM_EOS]})
+
+
+def make_fixtures(out_dir: Path | str = DEFAULT_OUT, names: tuple[str, ...] = ()) -> tuple[Path, ...]:
+    """Write ``tiny-llada``, ``tiny-dream``, ``tiny-sdar`` and ``tiny-llada2`` under ``out_dir`` (or
+    only ``names`` of them); returns the paths written. One random stream, drawn in that order whatever
+    is written, so a fixture's weights do not depend on which others are written or appended after it
+    (the committed tiny-dream predates the fused q/k/v draw order: rewrite only the new fixtures)."""
     out_dir = Path(out_dir)
     generator = torch.Generator().manual_seed(SEED)
-    paths = out_dir / "tiny-llada", out_dir / "tiny-dream"
-    for path, make in zip(paths, (make_llada, make_dream)):
-        if path.exists():
-            for file in path.iterdir():
-                file.unlink()
-        path.mkdir(parents=True, exist_ok=True)
-        make(path, generator)
-    return paths
+    makers = {"tiny-llada": make_llada, "tiny-dream": make_dream, "tiny-sdar": make_sdar,
+              "tiny-llada2": make_llada2}
+    written = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, make in makers.items():
+            path = out_dir / name if not names or name in names else Path(scratch) / name
+            if path.exists():
+                for file in path.iterdir():
+                    file.unlink()
+            path.mkdir(parents=True, exist_ok=True)
+            make(path, generator)
+            if path.parent == out_dir:
+                written.append(path)
+    return tuple(written)
 
 
 def main() -> None:
-    for path in make_fixtures(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_OUT):
+    """``python -m scripts.make_fixtures [out_dir] [name ...]``."""
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_OUT
+    for path in make_fixtures(out_dir, tuple(sys.argv[2:])):
         size = sum(file.stat().st_size for file in path.iterdir())
         print(f"{path}: {size / 1024:.0f} KB")
 

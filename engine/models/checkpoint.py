@@ -6,6 +6,7 @@ that dtype plus one tensor (casting after ``to_empty`` would first allocate the 
 """
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ class WeightNames:
     layer: Mapping[str, str]  # theirs -> ours, within one layer
     layer_prefix: str  # "model.layers." (Qwen2 / Dream), "model.transformer.blocks." (LLaDA)
     dropped: tuple[str, ...] = ()  # parts of their names that hold no weight of ours (rotary caches)
+    same_within_layer: tuple[str, ...] = ()  # layer-relative name prefixes ours share ("mlp.experts.")
 
     def ours(self, name: str) -> str | None:
         """Our name for a checkpoint name; None for one to drop; any other name is returned as it is
@@ -37,8 +39,11 @@ class WeightNames:
         if any(part in name for part in self.dropped):
             return None
         layer, _, rest = name.removeprefix(self.layer_prefix).partition(".")
-        if name.startswith(self.layer_prefix) and layer.isdigit() and rest in self.layer:
-            return f"layers.{layer}.{self.layer[rest]}"
+        if name.startswith(self.layer_prefix) and layer.isdigit():
+            if rest in self.layer:
+                return f"layers.{layer}.{self.layer[rest]}"
+            if rest.startswith(self.same_within_layer) and self.same_within_layer:
+                return f"layers.{layer}.{rest}"
         return name
 
     def theirs(self, num_layers: int) -> dict[str, str]:
@@ -48,6 +53,22 @@ class WeightNames:
             names |= {f"layers.{index}.{ours}": f"{self.layer_prefix}{index}.{theirs}"
                       for theirs, ours in self.layer.items()}
         return names
+
+    def theirs_of(self, ours: str) -> str | None:
+        """The checkpoint's name for one of our checkpoint-level names (None: the family has no such
+        tensor, e.g. the q/k/v parts of LLaDA2's fused projection)."""
+        inverse_top = {o: t for t, o in self.top.items()}
+        if ours in inverse_top:
+            return inverse_top[ours]
+        layer, _, rest = ours.removeprefix("layers.").partition(".")
+        if not (ours.startswith("layers.") and layer.isdigit()):
+            return None
+        inverse_layer = {o: t for t, o in self.layer.items()}
+        if rest in inverse_layer:
+            return f"{self.layer_prefix}{layer}.{inverse_layer[rest]}"
+        if self.same_within_layer and rest.startswith(self.same_within_layer):
+            return f"{self.layer_prefix}{layer}.{rest}"
+        return None
 
 
 def read_json(path: Path) -> dict:
@@ -100,10 +121,32 @@ def load_weights(
             raise ValueError(
                 f"weight {checkpoint_name!r} has shape {tuple(tensor.shape)}, "
                 f"expected {tuple(params[name].shape)} from config.json")
-        with torch.no_grad():
-            params[name].copy_(tensor.to(dtype))
+        with torch.no_grad():  # in the parameter's dtype: ``dtype``, or float32 for a router
+            params[name].copy_(tensor.to(params[name].dtype))
         loaded.add(name)
-    tied = {"lm_head.weight"} if model.lm_head.weight is model.embed_tokens.weight else set()
-    missing = set(params) - loaded - tied
+    missing = unwritten(params, loaded)
     if missing:
-        raise ValueError(f"checkpoint {directory} lacks weights: {sorted(missing)[:5]}")
+        raise ValueError(f"checkpoint {directory} lacks weights: {missing[:5]}")
+
+
+def unwritten(tensors: dict[str, torch.Tensor], written: set[str]) -> list[str]:
+    """The names in ``tensors`` whose memory the ``written`` ones do not cover: a name counts as
+    loaded when its bytes were (a tied head through the embedding, LLaDA2's fused q/k/v through its
+    parts or the other way round), so a tensor offered under two names is needed once. Every offered
+    tensor is contiguous (whole parameters or row slices of them), so its bytes are one span."""
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+                   for name, t in tensors.items() if name in written)
+    merged: list[list[int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    starts = [start for start, _ in merged]
+    missing = []
+    for name, tensor in sorted(tensors.items()):
+        begin, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+        span = bisect.bisect_right(starts, begin) - 1
+        if name not in written and size and (span < 0 or merged[span][1] < begin + size):
+            missing.append(name)
+    return missing

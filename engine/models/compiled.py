@@ -102,7 +102,7 @@ def _forward(model, tokens, positions, key_mask, kv, write_slots, write_columns,
              rows: int, length: int, context_rows: int, context_start: int) -> torch.Tensor:
     """Embedding, rotary tables, mask and every layer of one bucketed part: ``[rows * length, hidden]``."""
     config = model.config
-    cos, signed_sin = rotary_tables(positions.reshape(-1), config.head_dim, config.rope_theta,
+    cos, signed_sin = rotary_tables(positions.reshape(-1), config.rotary_dim, config.rope_theta,
                                     rotary_dtype(model.dtype, config.rope_full_precision))
     mask = additive_mask(key_mask, model.dtype)
     x = model.embed(tokens.reshape(-1))

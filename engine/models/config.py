@@ -1,7 +1,33 @@
-"""The transformer's shape: what a checkpoint family's loader (llada.py, dream.py) reads from its config."""
+"""The transformer's shape: what a checkpoint family's loader (llada.py, dream.py, sdar.py, llada2.py)
+reads from its config."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+ATTENTION_KINDS = ("bidirectional", "block_causal")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """A sparse mixture-of-experts MLP (LLaDA2): sigmoid router, group-limited top-k, a shared expert."""
+
+    num_experts: int
+    experts_per_token: int  # top-k routed experts of a token
+    moe_intermediate_size: int  # each routed expert's SwiGLU width
+    n_group: int = 1  # experts form n_group groups of consecutive experts ...
+    topk_group: int = 1  # ... and a token chooses among the experts of its topk_group best groups
+    num_shared_experts: int = 0  # one shared SwiGLU of width moe_intermediate_size * num_shared_experts
+    routed_scaling_factor: float = 1.0
+    first_k_dense_replace: int = 0  # layers below this index use the dense MLP (intermediate_size)
+
+    def __post_init__(self):
+        if self.num_experts % self.n_group or self.num_experts // self.n_group < 2:
+            raise ValueError(f"{self.num_experts} experts do not form {self.n_group} groups of two or more")
+        if not 1 <= self.topk_group <= self.n_group:
+            raise ValueError(f"topk_group {self.topk_group} must be in [1, n_group {self.n_group}]")
+        if self.experts_per_token > self.topk_group * self.num_experts // self.n_group:
+            raise ValueError(f"{self.experts_per_token} experts per token exceed the {self.topk_group} "
+                             "chosen groups' experts")
 
 
 @dataclass(frozen=True)
@@ -20,7 +46,18 @@ class TransformerConfig:
     rope_full_precision: bool = False  # rotate q/k in float32 even in a half-precision model (LLaDA)
     embedding_scale: float = 1.0  # LLaDA's input_emb_norm multiplies embeddings by sqrt(hidden)
     logit_scale: float = 1.0  # LLaDA's scale_logits multiplies logits by 1/sqrt(hidden)
+    head_dim: int | None = None  # None: hidden_size // num_heads (SDAR and LLaDA2 give it explicitly)
+    qk_norm: bool = False  # per-head RMSNorm of q and k (weights [head_dim]) before RoPE (SDAR, LLaDA2)
+    rotary_dim: int | None = None  # RoPE rotates the first rotary_dim dims of a head; None: head_dim
+    attention: str = "bidirectional"  # or "block_causal" (SDAR, LLaDA2)
+    moe: MoEConfig | None = None
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def __post_init__(self):
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.rotary_dim is None:
+            object.__setattr__(self, "rotary_dim", self.head_dim)
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise ValueError(f"rotary_dim {self.rotary_dim} must be even and in (0, head_dim {self.head_dim}]")
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")

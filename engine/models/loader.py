@@ -9,12 +9,12 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from engine.batch_invariance import configure_cuda_batch_invariance
-from engine.models import dream, llada
+from engine.models import dream, llada, llada2, sdar
 from engine.models.checkpoint import load_weights, read_json
 from engine.models.options import ModelOptions
 from engine.models.transformer import BidirectionalTransformer
 
-FAMILIES: tuple[ModuleType, ...] = (llada, dream)
+FAMILIES: tuple[ModuleType, ...] = (llada, dream, sdar, llada2)
 TINY_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -40,6 +40,8 @@ class DiffusionLM:
     special_ids: SpecialTokenIds
     logit_shift: int  # hidden state at column c predicts the token at column c + logit_shift
     max_length: int  # longest row (prompt + canvas) the model accepts
+    attention: str = "bidirectional"  # or "block_causal" (SDAR, LLaDA2)
+    block_length: int | None = None  # the block size a block-causal family was trained with
 
     @property
     def options(self) -> ModelOptions:
@@ -90,12 +92,34 @@ def resolve_model_dir(model: str | Path) -> Path:
             f"Hugging Face hub ({type(error).__name__}: {error}); pass a local checkpoint path") from error
 
 
+def unserved_diffusion_model(config: dict) -> str | None:
+    """The name of a known diffusion LM this engine does not serve, if ``config`` is one."""
+    architectures = [str(a) for a in config.get("architectures") or []]
+    model_type = str(config.get("model_type", ""))
+    names = " ".join([*architectures, model_type]).lower()
+    if model_type == "llada2_moe_veomni":
+        return "LLaDA2 in dFactory's merged-experts layout (model_type 'llada2_moe_veomni')"
+    if "SDARMoeForCausalLM" in architectures or model_type == "sdar_moe":
+        return "SDAR-MoE (SDARMoeForCausalLM)"
+    if "gemma" in names and "diffusion" in names:
+        return f"DiffusionGemma ({', '.join(architectures) or model_type})"
+    if "nemotron" in names and "diffusion" in names:
+        return f"Nemotron diffusion ({', '.join(architectures) or model_type})"
+    if "fast_dllm" in names:
+        return f"Fast-dLLM v2 ({', '.join(architectures) or model_type})"
+    return None
+
+
 def detect_family(config: dict, directory: Path) -> ModuleType:
+    unserved = unserved_diffusion_model(config)
+    if unserved is not None:
+        raise ValueError(f"{directory}/config.json is {unserved}, a diffusion LM this engine does not serve "
+                         "(served: LLaDA, Dream, SDAR, LLaDA2)")
     for family in FAMILIES:
         if family.is_family(config):
             return family
-    raise ValueError(
-        f"{directory}/config.json is neither LLaDA nor Dream (model_type={config.get('model_type')!r})")
+    raise ValueError(f"{directory}/config.json is none of the served families LLaDA, Dream, SDAR, LLaDA2 "
+                     f"(model_type={config.get('model_type')!r}, architectures={config.get('architectures')!r})")
 
 
 def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
@@ -106,13 +130,28 @@ def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
 
 
+def mask_token_id(config: dict, tokenizer_config: dict, token_id, family: ModuleType) -> int | None:
+    """config.json's ``mask_token_id``; else tokenizer_config.json's ``mask_token`` (SDAR spells it
+    ``<MASK>`` elsewhere, ``<|MASK|>`` there); else the family's mask token; else the family's known
+    id (LLaDA2's release id), if the vocabulary has it."""
+    if config.get("mask_token_id") is not None:
+        return config["mask_token_id"]
+    named = tokenizer_config.get("mask_token")
+    named = named.get("content") if isinstance(named, dict) else named
+    for token in (named, family.MASK_TOKEN):
+        if token and token_id(token) is not None:
+            return token_id(token)
+    fallback = getattr(family, "MASK_TOKEN_ID", None)
+    return fallback if fallback is not None and fallback < config.get("vocab_size", 0) else None
+
+
 def special_token_ids(config: dict, generation_config: dict, tokenizer: PreTrainedTokenizerBase,
-                   family: ModuleType) -> SpecialTokenIds:
+                   family: ModuleType, tokenizer_config: dict | None = None) -> SpecialTokenIds:
     def token_id(token: str) -> int | None:
         found = tokenizer.convert_tokens_to_ids(token)
         return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
 
-    mask_id = config.get("mask_token_id", token_id(family.MASK_TOKEN))
+    mask_id = mask_token_id(config, tokenizer_config or {}, token_id, family)
     eos_id = config.get("eos_token_id", tokenizer.eos_token_id)
     if isinstance(eos_id, list):
         eos_id = eos_id[0]
@@ -154,7 +193,10 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     transformer.eval().requires_grad_(False)
     apply_model_options(transformer, options)
     tokenizer = load_tokenizer(directory)
-    special_ids = special_token_ids(config, read_json(directory / "generation_config.json"), tokenizer, family)
+    special_ids = special_token_ids(config, read_json(directory / "generation_config.json"), tokenizer, family,
+                                    read_json(directory / "tokenizer_config.json"))
     return DiffusionLM(
         name=str(model), family=family.FAMILY, model=transformer, tokenizer=tokenizer, special_ids=special_ids,
-        logit_shift=family.LOGIT_SHIFT, max_length=transformer_config.max_position_embeddings)
+        logit_shift=family.LOGIT_SHIFT, max_length=transformer_config.max_position_embeddings,
+        attention=transformer_config.attention,
+        block_length=family.block_length(config) if hasattr(family, "block_length") else None)

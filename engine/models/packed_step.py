@@ -23,13 +23,16 @@ class PartPlan:
     rows: int
     length: int
     offset: int  # first packed token of this part
-    mask: torch.Tensor  # [attention rows, 1, 1, keys] additive: 0 on real keys, -inf elsewhere
+    mask: torch.Tensor  # [attention rows, 1, 1 or queries, keys] additive: 0 on keys a query may see,
+    # -inf elsewhere (one row of the key mask for every query, or one per query when block-causal)
     write_index: tuple | None  # index of the cache layer its keys/values go to (None: not cached)
     context: tuple[torch.Tensor, ...] | None  # window: per layer, the cache view it reads
     # ([rows, 2, kv_heads, keys, head_dim]); None: the part attends to its own keys/values
     row_keys: tuple[int, ...] = ()  # host: row i's keys are the last row_keys[i] (batch-invariant mode)
     context_rows: tuple[int, ...] = ()  # host: row i's place in the context (window) or the part (refresh)
     token_spans: tuple[tuple[int, int], ...] = ()  # host: (first packed token, count) of each row's real tokens
+    left_aligned: bool = False  # rows' keys and queries from the left (block-causal), else from the right
+    row_queries: tuple[int, ...] = ()  # host: row i's real queries (left-aligned windows); (): all of them
 
     @property
     def num_tokens(self) -> int:
@@ -57,6 +60,20 @@ def additive_mask(key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return key_mask.to(dtype).log_()[:, None, None, :]
 
 
+def block_causal_mask(key_mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor,
+                      block_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[rows, 1, queries, keys]`` additive: a real key of the query's block or an earlier one.
+
+    A query that sees no key (a pad query left of a row) gets its row's real keys instead, so its
+    softmax stays finite; its output is never read.
+    """
+    query_blocks = torch.div(query_positions, block_size, rounding_mode="floor")[:, :, None]
+    key_blocks = torch.div(key_positions, block_size, rounding_mode="floor")[:, None, :]
+    allowed = key_mask[:, None, :] & (key_blocks <= query_blocks)
+    allowed |= ~allowed.any(-1, keepdim=True) & key_mask[:, None, :]
+    return allowed.to(dtype).log_()[:, None]
+
+
 def plan_step(refresh: RefreshPart | None, window: WindowPart | None, kv_cache: KVCache | None,
               rotary_dtype: torch.dtype, dtype: torch.dtype, head_dim: int, theta: float) -> StepPlan:
     parts, positions = [], []
@@ -78,22 +95,30 @@ def _refresh_plan(part: RefreshPart, dtype: torch.dtype) -> PartPlan:
         columns = torch.arange(part.first_column, part.first_column + length, device=part.tokens.device)
         write_index = (part.slots[:, None], slice(None), slice(None), columns[None])
     row_keys = part.row_widths or (length,) * rows
-    spans = tuple((row * length + length - keys, keys) for row, keys in enumerate(row_keys))
-    return PartPlan(rows, length, 0, additive_mask(part.key_mask, dtype), write_index, None,
-                    row_keys, tuple(range(rows)), spans)
+    if part.block_size is None:  # rows right-aligned in the box
+        spans = tuple((row * length + length - keys, keys) for row, keys in enumerate(row_keys))
+        mask = additive_mask(part.key_mask, dtype)
+    else:  # block-causal rows sit left-aligned (engine.batch)
+        spans = tuple((row * length, keys) for row, keys in enumerate(row_keys))
+        mask = block_causal_mask(part.key_mask, part.positions, part.positions, part.block_size, dtype)
+    return PartPlan(rows, length, 0, mask, write_index, None, row_keys, tuple(range(rows)), spans,
+                    left_aligned=part.block_size is not None, row_queries=row_keys if part.block_size else ())
 
 
 def _window_plan(part: WindowPart, kv_cache: KVCache, dtype: torch.dtype, offset: int) -> PartPlan:
     rows, length = part.tokens.shape
-    start, end = part.context_start, kv_cache.width
+    start, end = part.context_start, part.context_end or kv_cache.width
     context = kv_cache.data[:, :rows, :, :, start:end].unbind(0)
     key_mask = kv_cache.key_mask[:rows, start:end]
+    mask = (additive_mask(key_mask, dtype) if part.block_size is None else
+            block_causal_mask(key_mask, part.positions, part.key_positions, part.block_size, dtype))
     slots = torch.arange(rows, device=part.tokens.device)
     write_index = (slots[:, None], slice(None), slice(None), part.columns)
     row_keys = part.row_widths or (end - start,) * rows
     spans = tuple((offset + row * length, tokens) for row, tokens in enumerate(part.row_tokens or (length,) * rows))
-    return PartPlan(rows, length, offset, additive_mask(key_mask, dtype), write_index, context,
-                    row_keys, tuple(range(rows)), spans)
+    left_aligned = part.block_size is not None
+    return PartPlan(rows, length, offset, mask, write_index, context, row_keys, tuple(range(rows)), spans,
+                    left_aligned=left_aligned, row_queries=part.row_tokens if left_aligned else ())
 
 
 def rotary_dtype(dtype: torch.dtype, full_precision: bool) -> torch.dtype:

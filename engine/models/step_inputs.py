@@ -1,6 +1,9 @@
 """What one packed forward is given besides the KV cache (``engine.models.kv_cache``): a step's two parts.
 
 The transformer (``engine.models.transformer``) computes them; ``engine.batch_inputs`` builds them.
+A part with ``block_size`` set attends block-causally: a query at position p sees the keys at positions
+``< (p // block_size + 1) * block_size`` (its own block and every block before it), as the block-causal
+families (SDAR, LLaDA2) were trained; with ``block_size`` None attention is bidirectional.
 """
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ class RefreshPart:
     read_columns: torch.Tensor  # [rows, n] columns whose hidden states are returned
     slots: torch.Tensor | None = None
     first_column: int = 0
-    row_widths: tuple[int, ...] = ()  # host: each row's real tokens, right-aligned in the box (): all fill it
+    row_widths: tuple[int, ...] = ()  # host: each row's real tokens, right-aligned in the box (left-aligned
+    # when block_size is set: block-causal rows sit from column 0) (): all fill it
+    block_size: int | None = None  # block-causal attention over blocks of this many positions
 
     @property
     def num_rows(self) -> int:
@@ -39,6 +44,11 @@ class WindowPart:
     ``context_start`` on (the bounding box of these rows). The hidden states of positions
     ``max(j - read_shift, 0)`` for ``j < num_read`` are returned: with a shifted family whose window
     starts at the block (``read_shift`` 1), block position j is predicted by window position j - 1.
+    With ``read_columns`` set, row i returns the hidden states of its window positions
+    ``read_columns[i]`` instead (a block-causal row whose window also rewrites its finished block).
+
+    Block-causal windows (``block_size`` set) read the cache columns ``[context_start, context_end)``
+    and need each of those keys' positions (``key_positions``) to mask keys of later blocks.
     """
 
     tokens: torch.Tensor
@@ -47,8 +57,13 @@ class WindowPart:
     context_start: int
     num_read: int
     read_shift: int = 0
-    row_widths: tuple[int, ...] = ()  # host: each row's keys, the last columns of the context (): all of it
+    row_widths: tuple[int, ...] = ()  # host: each row's keys, the last columns of the context (the first
+    # when block_size is set) (): all of it
     row_tokens: tuple[int, ...] = ()  # host: each row's real window tokens, from the left (): all of them
+    read_columns: torch.Tensor | None = None  # [rows, num_read] window positions to return
+    block_size: int | None = None  # block-causal attention over blocks of this many positions
+    context_end: int | None = None  # last cache column read, exclusive (None: the cache's width)
+    key_positions: torch.Tensor | None = None  # [rows, context keys] positions of the context's columns
 
     @property
     def num_rows(self) -> int:

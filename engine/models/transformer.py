@@ -1,7 +1,10 @@
-"""One bidirectional transformer for every checkpoint family (LLaDA, Dream).
+"""One transformer for every checkpoint family (LLaDA, Dream, SDAR, LLaDA2).
 
 Llama-shaped blocks (RMSNorm, RoPE, SwiGLU, multi-head or grouped-query attention, optional QKV bias)
-with **no causal mask**. Two things make it fit mixed-state batching:
+with **no causal mask**: attention is bidirectional, or block-causal when a part says so. Per family:
+an explicit head_dim, q/k RMSNorm before RoPE and partial RoPE (SDAR, LLaDA2), a mixture-of-experts
+MLP after the first dense layers (LLaDA2, ``engine.models.moe``). Two things make it fit mixed-state
+batching:
 
 * RoPE is driven by explicit per-row ``position_ids``, so a left-padded row sees exactly the relative
   positions it would see alone.
@@ -21,62 +24,16 @@ scatter with no Python loop over rows.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.models.config import TransformerConfig
 from engine.models.kv_cache import KVCache
 from engine.models.layers import RMSNorm, attend, rotate_
+from engine.models.moe import MoE
 from engine.models.options import ModelOptions
 from engine.models.packed_step import PartPlan, StepPlan, plan_step, rotary_dtype
+from engine.models.projections import MLP, FusedLinear, fused_projection
 from engine.models.step_inputs import RefreshPart, WindowPart
-
-
-def _split_on_save(fused: str, parts: dict[str, int]):
-    """A state-dict hook that writes a fused parameter as the checkpoint's separate projections."""
-    def hook(module, state_dict, prefix, local_metadata):
-        for kind in ("weight", "bias"):
-            tensor = state_dict.pop(f"{prefix}{fused}.{kind}", None)
-            if tensor is not None:
-                for name, piece in zip(parts, tensor.split(list(parts.values()))):
-                    state_dict[f"{prefix}{name}.{kind}"] = piece.clone()
-    return hook
-
-
-def _fuse_on_load(fused: str, parts: dict[str, int]):
-    """A load pre-hook that concatenates the checkpoint's separate projections into the fused one."""
-    def hook(module, state_dict, prefix, *args):
-        for kind in ("weight", "bias"):
-            names = [f"{prefix}{name}.{kind}" for name in parts]
-            if all(name in state_dict for name in names):
-                state_dict[f"{prefix}{fused}.{kind}"] = torch.cat([state_dict.pop(name) for name in names])
-    return hook
-
-
-class FusedLinear(nn.Linear):
-    """One GEMM for several projections of the same input (q/k/v; gate/up), weights concatenated
-    along the output. State dicts and checkpoints keep the separate projections' names."""
-
-    def __init__(self, in_features: int, parts: dict[str, int], bias: bool):
-        super().__init__(in_features, sum(parts.values()), bias=bias)
-        self.parts = parts
-
-    def views(self, prefix: str) -> dict[str, torch.Tensor]:
-        """``{prefix + part name + ".weight" / ".bias": view of the fused parameter}``."""
-        views = {}
-        for kind in ("weight", "bias"):
-            tensor = getattr(self, kind)
-            if tensor is not None:
-                for name, piece in zip(self.parts, tensor.split(list(self.parts.values()))):
-                    views[f"{prefix}{name}.{kind}"] = piece
-        return views
-
-
-def _fused_projection(owner: nn.Module, fused: str, in_features: int, parts: dict[str, int],
-                      bias: bool) -> FusedLinear:
-    owner.register_state_dict_post_hook(_split_on_save(fused, parts))
-    owner.register_load_state_dict_pre_hook(_fuse_on_load(fused, parts))
-    return FusedLinear(in_features, parts, bias)
 
 
 def each_row(function, x: torch.Tensor, spans: tuple[tuple[int, int], ...] | None) -> torch.Tensor:
@@ -96,10 +53,14 @@ class Attention(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        kv_size = config.num_kv_heads * config.head_dim
-        self.qkv_proj = _fused_projection(self, "qkv_proj", config.hidden_size, {
-            "q_proj": config.hidden_size, "k_proj": kv_size, "v_proj": kv_size}, config.qkv_bias)
-        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.rotary_dim = config.rotary_dim
+        q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        self.qkv_proj = fused_projection(self, "qkv_proj", config.hidden_size, {
+            "q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}, config.qkv_bias, alias="query_key_value")
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        # per-head RMSNorm of q and k before RoPE (SDAR, LLaDA2)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.batch_invariant = False  # each row attends alone over its own keys (apply_options)
 
     def forward(self, x: torch.Tensor, plan: StepPlan, layer: int) -> torch.Tensor:
@@ -107,6 +68,12 @@ class Attention(nn.Module):
         then one attention call per part."""
         spans = plan.token_spans if self.batch_invariant else None
         qkv = each_row(self.qkv_proj, x, spans).view(x.shape[0], -1, self.head_dim)  # [tokens, q+k+v heads, d]
+        if self.q_norm is not None:
+            heads, keys = self.num_heads, self.num_heads + self.num_kv_heads
+            qkv[:, :heads] = self.q_norm(qkv[:, :heads])
+            qkv[:, heads:keys] = self.k_norm(qkv[:, heads:keys])
+        if plan.cos.shape[-1] != self.rotary_dim:  # tables built for another width would rotate wrongly
+            raise ValueError(f"rotary tables of width {plan.cos.shape[-1]}, expected rotary_dim {self.rotary_dim}")
         rotate_(qkv[:, :self.num_heads + self.num_kv_heads], plan.cos, plan.signed_sin)
         outputs = [self._attend_part(qkv, part, plan, layer) for part in plan.parts]
         return each_row(self.o_proj, outputs[0] if len(outputs) == 1 else torch.cat(outputs), spans)
@@ -135,40 +102,36 @@ class Attention(nn.Module):
             raise ValueError("batch-invariant attention needs each row's place in the context (PartPlan.context_rows)")
         out = q.new_zeros(part.rows, part.length, self.num_heads * self.head_dim)
         for row, (place, num_keys) in enumerate(zip(part.context_rows, part.row_keys)):
+            own_keys = slice(0, num_keys) if part.left_aligned else slice(part.mask.shape[-1] - num_keys, None)
             if part.context is None:  # refresh: the row's own tokens are its queries and its keys
-                keys, values = new_kv[row:row + 1, -num_keys:].transpose(1, 3).unbind(2)
-                queries = q[row:row + 1, -num_keys:]
+                keys, values = new_kv[row:row + 1, own_keys].transpose(1, 3).unbind(2)
+                own_queries = slice(0, num_keys) if part.left_aligned else slice(part.length - num_keys, None)
             else:
-                keys, values = part.context[layer][place:place + 1, :, :, -num_keys:].unbind(1)
-                queries = q[row:row + 1]
-            mask = part.mask[place:place + 1, ..., -num_keys:]
-            out[row, -queries.shape[1]:] = attend(queries, keys, values, mask)
+                keys, values = part.context[layer][place:place + 1, :, :, own_keys].unbind(1)
+                own_queries = slice(0, part.row_queries[row]) if part.row_queries else slice(None)
+            mask = part.mask[place:place + 1, :, own_queries if part.mask.shape[2] > 1 else slice(None), own_keys]
+            out[row, own_queries] = attend(q[row:row + 1, own_queries], keys, values, mask)
         return out.view(part.num_tokens, -1)
 
 
-class MLP(nn.Module):
-    def __init__(self, config: TransformerConfig):
-        super().__init__()
-        self.gate_up_proj = _fused_projection(self, "gate_up_proj", config.hidden_size, {
-            "gate_proj": config.intermediate_size, "up_proj": config.intermediate_size}, False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
 class Layer(nn.Module):
-    def __init__(self, config: TransformerConfig):
+    def __init__(self, config: TransformerConfig, index: int):
         super().__init__()
         self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.attention = Attention(config)
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        moe = config.moe
+        if moe is None or index < moe.first_k_dense_replace:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        else:
+            shared = moe.moe_intermediate_size * moe.num_shared_experts
+            self.mlp = MoE(config.hidden_size, moe, MLP(config.hidden_size, shared) if shared else None)
 
     def forward(self, x: torch.Tensor, plan: StepPlan, layer: int) -> torch.Tensor:
         x = x + self.attention(self.input_norm(x), plan, layer)
         spans = plan.token_spans if self.attention.batch_invariant else None
+        if isinstance(self.mlp, MoE):  # per row in batch-invariant mode, routing included
+            return x + self.mlp(self.post_attention_norm(x), spans)
         return x + each_row(self.mlp, self.post_attention_norm(x), spans)
 
 
@@ -183,7 +146,7 @@ class BidirectionalTransformer(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(Layer(config, index) for index in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
@@ -195,10 +158,12 @@ class BidirectionalTransformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward_full(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                     key_mask: torch.Tensor) -> torch.Tensor:
-        """Every column of every row, no cache: hidden states ``[rows, width, hidden]``."""
+                     key_mask: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
+        """Every column of every row, no cache: hidden states ``[rows, width, hidden]`` (block-causal
+        attention over blocks of ``block_size`` positions when given)."""
         columns = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        return self.forward_step(RefreshPart(input_ids, position_ids, key_mask, columns), None, None)
+        part = RefreshPart(input_ids, position_ids, key_mask, columns, block_size=block_size)
+        return self.forward_step(part, None, None)
 
     def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
                      kv_cache: KVCache | None) -> torch.Tensor:
@@ -230,7 +195,7 @@ class BidirectionalTransformer(nn.Module):
                            kv_cache: KVCache | None) -> torch.Tensor:
         config = self.config
         plan = plan_step(refresh, window, kv_cache, rotary_dtype(self.dtype, config.rope_full_precision),
-                         self.dtype, config.head_dim, config.rope_theta)
+                         self.dtype, config.rotary_dim, config.rope_theta)
         parts = [p for p in (refresh, window) if p is not None]
         tokens = torch.cat([p.tokens.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].tokens.reshape(-1)
         x = self.embed(tokens)
@@ -246,6 +211,8 @@ class BidirectionalTransformer(nn.Module):
         """The hidden states a part asks for, ``[rows, n, hidden]``."""
         if isinstance(part, RefreshPart):
             return hidden.gather(1, part.read_columns[..., None].expand(-1, -1, hidden.shape[-1]))
+        if part.read_columns is not None:
+            return hidden.gather(1, part.read_columns[..., None].expand(-1, -1, hidden.shape[-1]))
         if part.read_shift:
             positions = (torch.arange(part.num_read, device=hidden.device) - part.read_shift).clamp(min=0)
             return hidden[:, positions]
@@ -256,17 +223,29 @@ class BidirectionalTransformer(nn.Module):
         return self.embed_tokens.weight.dtype
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        """Every parameter under its checkpoint-level name (q/k/v and gate/up separately), as views
-        of the parameters: what a loader copies into."""
+        """Every parameter and persistent buffer under its checkpoint-level names, as views of our
+        tensors: what a loader copies into. A fused projection appears as its parts (q/k/v, gate/up)
+        and q/k/v also whole (LLaDA2's ``query_key_value``); stacked experts appear one expert at a
+        time (``mlp.experts.{e}.{gate,up,down}_proj.weight``)."""
         tensors = {}
         for name, module in self.named_modules():
+            prefix = f"{name}." if name else ""
             if isinstance(module, FusedLinear):
                 parent = name.rpartition(".")[0]
                 tensors.update(module.views(f"{parent}." if parent else ""))
+            elif hasattr(module, "checkpoint_views"):
+                tensors.update(module.checkpoint_views(prefix))
             else:
-                prefix = f"{name}." if name else ""
                 tensors.update({prefix + key: p for key, p in module.named_parameters(recurse=False)})
+                tensors.update({prefix + key: b for key, b in module.named_buffers(recurse=False)
+                                if key not in module._non_persistent_buffers_set})
         return tensors
+
+    def experts_touched(self) -> torch.Tensor | None:
+        """Per MoE layer, the distinct experts its last forward routed a token to (``[moe layers]``, on
+        the device: reading it is the caller's host sync); None for a dense model."""
+        counts = [layer.mlp.experts_touched for layer in self.layers if isinstance(layer.mlp, MoE)]
+        return torch.stack(counts) if counts else None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of hidden states ``[rows, n, hidden]`` (batch-invariant mode: each row on its own)."""

@@ -1,0 +1,148 @@
+"""The sparse mixture-of-experts MLP of LLaDA2 (``LLaDA2MoeSparseMoeBlock``), computed grouped.
+
+Routing, as the checkpoint's own modeling code (``LLaDA2MoeGate``) does it, all in float32:
+``scores = sigmoid(h @ W^T)``; the expert bias is added for the *choice* only; experts form ``n_group``
+groups of consecutive experts, a group scores the sum of its two best biased scores, a token keeps its
+``topk_group`` best groups and takes its ``experts_per_token`` best biased experts among them (slot
+order: descending biased score). Its weights are the *unbiased* scores of those experts, renormalised
+to sum 1 (when more than one expert: the reference ignores ``norm_topk_prob``) and multiplied by
+``routed_scaling_factor``. The combine casts each slot's expert output to float32, weights it, sums the
+slots in slot order and casts back, as the reference's ``moe_infer``; the shared expert is added after.
+
+Experts are stacked (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``) and computed grouped: the
+(token, slot) pairs are sorted by expert (stable), counted, and each expert's rows go through one
+``torch._grouped_mm`` over every expert at once, with no host sync. Where ``_grouped_mm`` does not take
+the dtype or device (float64), a loop over the experts (never over tokens) reads the counts once.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.config import MoEConfig
+
+GROUPED_MM_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16,)}
+
+
+def grouped_mm_supported(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether ``torch._grouped_mm`` computes in ``dtype`` on ``device`` (else the per-expert loop).
+    A compiled graph traces it through its meta function, which takes bfloat16 only; the loop's host
+    read does not compile either, so such a shape runs eagerly (``engine.models.compiled``)."""
+    if torch.compiler.is_compiling():
+        return dtype == torch.bfloat16
+    return hasattr(torch, "_grouped_mm") and dtype in GROUPED_MM_DTYPES.get(device.type, ())
+
+
+class Router(nn.Module):
+    """The gate: ``weight [E, H]`` and the persistent ``expert_bias [E]`` buffer, both kept float32
+    whatever dtype the model is cast to (the reference computes routing in float32; SGLang keeps the
+    bias float32 too), so routing does not change with the model's dtype."""
+
+    def __init__(self, hidden_size: int, num_experts: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32))
+        self.register_buffer("expert_bias", torch.zeros(num_experts, dtype=torch.float32))
+
+    def _apply(self, fn, recurse=True):
+        def keep_dtype(tensor):  # move with the model, but never change dtype
+            moved = fn(tensor)
+            return tensor.to(device=moved.device) if moved.dtype != tensor.dtype else moved
+        return super()._apply(keep_dtype, recurse)
+
+    def forward(self, x: torch.Tensor, moe: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        """Experts ``[tokens, k]`` (int64, slot order) and their float32 weights ``[tokens, k]``."""
+        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        biased = (scores + self.expert_bias.float()).view(x.shape[0], moe.n_group, -1)
+        group_scores = biased.topk(2, dim=-1).values.sum(dim=-1)
+        groups = group_scores.topk(moe.topk_group, dim=-1, sorted=False).indices
+        kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+        experts = biased.masked_fill(~kept[..., None], float("-inf")).flatten(1).topk(
+            moe.experts_per_token, dim=-1).indices
+        weights = scores.gather(1, experts)
+        if moe.experts_per_token > 1:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return experts, weights * moe.routed_scaling_factor
+
+
+class StackedExperts(nn.Module):
+    """Every routed expert's SwiGLU in two stacked parameters; checkpoints name each expert's
+    projections separately (``{e}.gate_proj``, ``{e}.up_proj``, ``{e}.down_proj``), offered as views."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+
+    def checkpoint_views(self, prefix: str) -> dict[str, torch.Tensor]:
+        views = {}
+        for expert, (gate_up, down) in enumerate(zip(self.gate_up_proj, self.down_proj)):
+            gate, up = gate_up.split(self.intermediate_size)
+            views |= {f"{prefix}{expert}.gate_proj.weight": gate, f"{prefix}{expert}.up_proj.weight": up,
+                      f"{prefix}{expert}.down_proj.weight": down}
+        return views
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """``x [pairs, H]`` sorted by expert, ``counts [E]`` of each expert's rows -> ``[pairs, H]``."""
+        if grouped_mm_supported(x.dtype, x.device):
+            ends = counts.cumsum(0).to(torch.int32)
+            gate, up = torch._grouped_mm(x, self.gate_up_proj.transpose(-1, -2), offs=ends).chunk(2, dim=-1)
+            return torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(-1, -2), offs=ends)
+        return self.forward_each_expert(x, counts)
+
+    def forward_each_expert(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The same, one expert at a time (reads the counts on the host once)."""
+        if torch.compiler.is_compiling():  # a host read: refused by a full-graph compile, which then runs
+            torch._dynamo.graph_break()    # this shape eagerly, with a warning naming the cause
+        outputs = []
+        for expert, rows in enumerate(x.split(counts.tolist())):
+            if rows.shape[0]:
+                gate, up = F.linear(rows, self.gate_up_proj[expert]).chunk(2, dim=-1)
+                outputs.append(F.linear(F.silu(gate) * up, self.down_proj[expert]))
+        return torch.cat(outputs) if outputs else x.new_zeros(0, x.shape[-1])
+
+
+class MoE(nn.Module):
+    """Router + stacked experts + the optional shared expert (a dense MLP given by the caller).
+
+    ``experts_touched`` (a 0-d int64 buffer, written by every forward without a host sync) counts the
+    distinct experts the last forward routed any token to: the expert weights it read.
+    """
+
+    def __init__(self, hidden_size: int, moe: MoEConfig, shared_experts: nn.Module | None):
+        super().__init__()
+        self.config = moe
+        self.gate = Router(hidden_size, moe.num_experts)
+        self.experts = StackedExperts(moe.num_experts, hidden_size, moe.moe_intermediate_size)
+        self.shared_experts = shared_experts
+        self.register_buffer("experts_touched", torch.zeros((), dtype=torch.int64), persistent=False)
+
+    def forward(self, x: torch.Tensor, spans: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
+        """``x [tokens, H]``. With ``spans`` (batch-invariant mode) each row's ``(first token, count)``
+        runs alone, so an expert's GEMM sees the row's own tokens only; tokens outside every span get
+        zeros."""
+        if spans is None:
+            out, counts = self._forward(x)
+        else:
+            out, counts = x.new_zeros(x.shape), None
+            for start, count in spans:
+                out[start:start + count], row_counts = self._forward(x[start:start + count])
+                counts = row_counts if counts is None else counts + row_counts
+        if counts is not None:
+            self.experts_touched.copy_(counts.gt(0).sum())
+        return out
+
+    def _forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        experts, weights = self.gate(x, self.config)
+        flat = experts.flatten()
+        order = flat.argsort(stable=True)
+        # per-expert counts with a fixed length (bincount's length depends on the data)
+        counts = flat.new_zeros(self.config.num_experts).index_add_(0, flat, torch.ones_like(flat))
+        routed = self.experts(x[order // experts.shape[1]], counts)
+        unsorted = torch.empty_like(routed).index_copy_(0, order, routed)
+        out = (unsorted.view(*experts.shape, -1).to(weights.dtype).mul_(weights.unsqueeze(-1))
+               .sum(dim=1).to(x.dtype))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out, counts

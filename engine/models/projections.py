@@ -1,0 +1,79 @@
+"""Fused projections (q/k/v; gate/up) and the dense SwiGLU MLP built on them.
+
+A fused projection is one GEMM over several projections of the same input, its weights concatenated
+along the output. Checkpoints name the parts separately (LLaDA, Dream, SDAR) or fused (LLaDA2's
+``query_key_value``); :meth:`FusedLinear.views` offers both names as views of the one parameter, so a
+loader copies a checkpoint's tensors straight into it, and the state dict keeps the parts' names.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _split_on_save(fused: str, parts: dict[str, int]):
+    """A state-dict hook that writes a fused parameter as the checkpoint's separate projections."""
+    def hook(module, state_dict, prefix, local_metadata):
+        for kind in ("weight", "bias"):
+            tensor = state_dict.pop(f"{prefix}{fused}.{kind}", None)
+            if tensor is not None:
+                for name, piece in zip(parts, tensor.split(list(parts.values()))):
+                    state_dict[f"{prefix}{name}.{kind}"] = piece.clone()
+    return hook
+
+
+def _fuse_on_load(fused: str, parts: dict[str, int]):
+    """A load pre-hook that concatenates the checkpoint's separate projections into the fused one."""
+    def hook(module, state_dict, prefix, *args):
+        for kind in ("weight", "bias"):
+            names = [f"{prefix}{name}.{kind}" for name in parts]
+            if all(name in state_dict for name in names):
+                state_dict[f"{prefix}{fused}.{kind}"] = torch.cat([state_dict.pop(name) for name in names])
+    return hook
+
+
+class FusedLinear(nn.Linear):
+    """One GEMM for several projections of the same input (q/k/v; gate/up), weights concatenated
+    along the output. State dicts and checkpoints keep the separate projections' names; ``alias`` is
+    the name of the whole fused tensor in checkpoints that store it fused."""
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool, alias: str | None = None):
+        super().__init__(in_features, sum(parts.values()), bias=bias)
+        self.parts = parts
+        self.alias = alias
+
+    def views(self, prefix: str) -> dict[str, torch.Tensor]:
+        """``{prefix + part name + ".weight" / ".bias": view of the fused parameter}``, plus the whole
+        parameter under ``prefix + alias`` when the projection has one."""
+        views = {}
+        for kind in ("weight", "bias"):
+            tensor = getattr(self, kind)
+            if tensor is not None:
+                for name, piece in zip(self.parts, tensor.split(list(self.parts.values()))):
+                    views[f"{prefix}{name}.{kind}"] = piece
+                if self.alias is not None:
+                    views[f"{prefix}{self.alias}.{kind}"] = tensor
+        return views
+
+
+def fused_projection(owner: nn.Module, fused: str, in_features: int, parts: dict[str, int],
+                     bias: bool, alias: str | None = None) -> FusedLinear:
+    """A :class:`FusedLinear` for ``owner.<fused>``, with the state-dict hooks that keep the parts' names."""
+    owner.register_state_dict_post_hook(_split_on_save(fused, parts))
+    owner.register_load_state_dict_pre_hook(_fuse_on_load(fused, parts))
+    return FusedLinear(in_features, parts, bias, alias)
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, gate and up in one GEMM."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_up_proj = fused_projection(self, "gate_up_proj", hidden_size, {
+            "gate_proj": intermediate_size, "up_proj": intermediate_size}, False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

@@ -1,0 +1,89 @@
+"""The SDAR checkpoint family (``JetLM/SDAR-{1.7B,4B,8B}-Chat``): Qwen3 blocks, attention block-causal.
+
+Where the mapping comes from (JetAstra/SDAR ``training/model/SDAR-*-Chat``):
+* config.json has Qwen3's keys plus ``block_size`` and ``mask_token_id`` (``architectures:
+  ["SDARForCausalLM"]``, ``model_type: "sdar"``). ``head_dim`` is explicit and need not be
+  hidden/heads (SDAR-4B: 2560 / 32 = 80, head_dim 128); SDARConfig's default is 128.
+* Weight names are Qwen3's: ``model.layers.N.self_attn.{q,k,v,o}_proj`` (no bias), per-head RMSNorm
+  ``self_attn.{q,k}_norm`` [head_dim] applied to q and k **before** RoPE, ``mlp.{gate,up,down}_proj``,
+  ``input_layernorm``, ``post_attention_layernorm``, ``model.embed_tokens``, ``model.norm``, ``lm_head``.
+* Attention is block-causal over blocks of ``block_size`` positions from the prompt start (a query sees
+  its own block and every earlier one); no logit shift (position i predicts token i).
+* The mask id is ``config.mask_token_id``, else the ``mask_token`` of tokenizer_config.json
+  (``<|MASK|>``): the release's added_tokens.json and special_tokens_map.json spell it ``<MASK>``.
+  Generation stops on generation_config's ``eos_token_id`` list (``<|im_end|>``, ``<|endoftext|>``).
+* Keys whose computation this engine does not reproduce are refused by name (``check_supported``).
+"""
+from __future__ import annotations
+
+from engine.models.checkpoint import WeightNames
+from engine.models.config import TransformerConfig
+
+FAMILY = "sdar"
+LOGIT_SHIFT = 0
+ATTENTION = "block_causal"
+DEFAULT_BLOCK_LENGTH = 4
+END_OF_TURN_TOKEN = "<|im_end|>"
+MASK_TOKEN = "<|MASK|>"
+
+WEIGHT_NAMES = WeightNames(layer_prefix="model.layers.", dropped=("rotary_emb",), layer={
+    "input_layernorm.weight": "input_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "self_attn.q_proj.weight": "attention.q_proj.weight",
+    "self_attn.k_proj.weight": "attention.k_proj.weight",
+    "self_attn.v_proj.weight": "attention.v_proj.weight",
+    "self_attn.o_proj.weight": "attention.o_proj.weight",
+    "self_attn.q_norm.weight": "attention.q_norm.weight",
+    "self_attn.k_norm.weight": "attention.k_norm.weight",
+    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
+    "mlp.up_proj.weight": "mlp.up_proj.weight",
+    "mlp.down_proj.weight": "mlp.down_proj.weight",
+}, top={
+    "model.embed_tokens.weight": "embed_tokens.weight",
+    "model.norm.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+})
+
+
+def is_family(config: dict) -> bool:
+    return config.get("model_type") == "sdar" or "SDARForCausalLM" in config.get("architectures", [])
+
+
+def block_length(config: dict) -> int:
+    """The block size the checkpoint was trained with (a committed 8B config copy lacks the key)."""
+    return int(config.get("block_size") or DEFAULT_BLOCK_LENGTH)
+
+
+def check_supported(config: dict) -> None:
+    """Refuse a config whose computation this engine would not reproduce, naming the key."""
+    refused = {
+        "use_sliding_window": (config.get("use_sliding_window", False), "sliding-window attention"),
+        "attention_bias": (config.get("attention_bias", False), "biases on q/k/v/o projections"),
+        "rope_scaling": (config.get("rope_scaling"), "scaled RoPE"),
+    }
+    for key, (value, what) in refused.items():
+        if value:
+            raise ValueError(f"SDAR config key {key!r} = {value!r} ({what}) is not supported; refusing "
+                             "to load a model that would decode differently")
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"SDAR config key 'hidden_act' = {config['hidden_act']!r} is not supported (silu only)")
+
+
+def transformer_config(config: dict) -> TransformerConfig:
+    check_supported(config)
+    num_heads = config["num_attention_heads"]
+    return TransformerConfig(
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=config.get("num_key_value_heads") or num_heads,
+        intermediate_size=config["intermediate_size"],
+        rope_theta=float(config.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=config.get("max_position_embeddings", 32768),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        head_dim=config.get("head_dim") or 128,
+        qk_norm=True,
+        attention=ATTENTION,
+    )
