@@ -2,13 +2,15 @@
 OpenAI server's 400s and a Ray Data row's error.
 
 A request's row is its prompt plus its canvas (``max_new_tokens`` rounded up to whole blocks); the row
-must fit the model's maximum length, the token budget (a box of one row) and ``max_model_len``.
+must fit the model's maximum length, the token budget (a box of one row) and ``max_model_len``. A
+block-causal family's blocks sit at multiples of the block length from the prompt's start
+(``absolute_blocks``), so its row is ``prompt + max_new_tokens`` rounded up to whole blocks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import SamplingParams, blocks_needed
+from engine.config import SamplingParams, answer_blocks, blocks_needed
 
 
 class AdmissionError(ValueError):
@@ -27,6 +29,12 @@ class AdmissionLimits:
     model_max_length: int
     token_budget: int
     max_model_len: int  # the engine's widest row (resolved: <= the model's length and the budget)
+    absolute_blocks: bool = False  # blocks at multiples of block_length from the prompt's start
+
+    def row_width(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """Prompt plus canvas: the columns a request of these sizes occupies."""
+        lead, blocks = answer_blocks(prompt_tokens, max_new_tokens, self.block_length, self.absolute_blocks)
+        return prompt_tokens - lead + blocks * self.block_length
 
     def check_params(self, params: object) -> None:
         if not isinstance(params, SamplingParams):
@@ -43,17 +51,21 @@ class AdmissionLimits:
 
     def prompt_room(self, params: SamplingParams) -> int:
         """The most prompt tokens that fit beside the canvas in the widest row."""
+        if self.absolute_blocks:  # the row is prompt + max_new_tokens rounded up to whole blocks
+            whole_blocks = self.max_model_len // self.block_length * self.block_length
+            return max(whole_blocks - params.max_new_tokens, 0)
         return max(self.max_model_len - self.canvas_tokens(params), 0)
 
     def check_width(self, prompt_tokens: int, params: SamplingParams) -> None:
         """The row (prompt + canvas) must fit every limit; the prompt is at fault when even one block
         beside it does not."""
         blocks = blocks_needed(params.max_new_tokens, self.block_length)
-        width = prompt_tokens + blocks * self.block_length
+        width = self.row_width(prompt_tokens, params.max_new_tokens)
+        narrowest = self.row_width(prompt_tokens, 1)
         for limit, what in ((self.model_max_length, "the model's maximum length"),
                             (self.token_budget, "the engine's token budget"),
                             (self.max_model_len, "the engine's max_model_len")):
-            if prompt_tokens + self.block_length > limit:
+            if narrowest > limit:
                 raise AdmissionError(
                     f"the prompt ({prompt_tokens} tokens) + one block of {self.block_length} exceeds {what} "
                     f"({limit})", "prompt", too_long=True)

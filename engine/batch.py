@@ -11,7 +11,9 @@ in the slot, so rows of any width share one column frame and a bounding box of w
                                               >blk< = the row's active block
 
 Positions start at 0 on each row's first real token and the columns left of a row are masked as keys,
-so a row computes exactly what it would alone. Slots are handed out lowest first. A leaving row only
+so a row computes exactly what it would alone. A block-causal family's rows sit left-aligned instead
+(column = position): a step reads only the columns up to its rows' active blocks, and those grow from
+the left as rows advance. Slots are handed out lowest first. A leaving row only
 returns its slot. Before a step, :meth:`PersistentBatch.pack_window_rows` moves the rows that continue
 a block into slots ``[0, n)``, copying a moved row's keys and values. ``engine.batch_inputs`` then
 builds the step's tensors from this batch without changing it.
@@ -36,6 +38,7 @@ class PersistentBatch:
                  window_lookback: int = 0):
         device = lm.device
         self.width, self.block_length, self.cache_mode = width, block_length, cache_mode
+        self.block_causal = lm.attention == "block_causal"  # rows left-aligned; finished blocks stay cached
         self.mask_id, self.pad_id, self.logit_shift = lm.special_ids.mask_id, lm.special_ids.pad_id, lm.logit_shift
         self.vocab_size = lm.vocab_size
         self.window_lookback = window_lookback  # columns a window starts before the block (<= logit_shift)
@@ -74,7 +77,7 @@ class PersistentBatch:
     # -- rows --------------------------------------------------------------------------------------
     def row_start(self, request: Request) -> int:
         """Batch column of the request's first prompt token."""
-        return self.width - request.width
+        return 0 if self.block_causal else self.width - request.width
 
     def block_start(self, request: Request) -> int:
         """Batch column of the first token of the request's current block."""
@@ -87,10 +90,11 @@ class PersistentBatch:
         (prompt,) = to_device(self.tokens, request.prompt_token_ids)
         self.tokens[slot, :start] = self.pad_id
         self.tokens[slot, start:start + request.prompt_length] = prompt
-        self.tokens[slot, start + request.prompt_length:] = self.mask_id
+        self.tokens[slot, start + request.prompt_length:start + request.width] = self.mask_id
+        self.tokens[slot, start + request.width:] = self.pad_id
         self.positions[slot] = (self.columns - start).clamp(min=0)
         self.key_mask[slot] = False
-        self.key_mask[slot, start:self.width] = True
+        self.key_mask[slot, start:start + request.width] = True
         request.slot = slot
         self._owners[slot] = request
 
@@ -106,8 +110,9 @@ class PersistentBatch:
 
         A window row above that range moves into a hole below it with its cache (one copy of its
         keys/values, all layers at once) and its log-probabilities. A row in the way is not in its
-        block's middle: it starts a block now, or waits to at a block boundary. Its next forward
-        rewrites every column of its cache, so it takes the vacated slot with its tokens only. A window
+        block's middle: it starts a block now, or waits to at a block boundary. A full-attention row's
+        next forward rewrites every column of its cache, so it takes the vacated slot with its tokens
+        only; a block-causal row keeps its finished blocks' keys/values, so they move with it. A window
         step then reads its cache as one view of consecutive slots.
         """
         count = len(window)
@@ -119,8 +124,11 @@ class PersistentBatch:
             holder = self._owners.get(hole)
             if holder is not None:
                 holder_row = self._row(hole)
+                holder_cache = self.kv_cache.data[:, hole].clone() if self.block_causal else None
                 self._write_row(hole, self._row(vacated), cache_from=vacated)
                 self._write_row(vacated, holder_row)
+                if holder_cache is not None:
+                    self.kv_cache.data[:, vacated] = holder_cache
                 holder.slot, self._owners[vacated] = vacated, holder
             else:
                 self._write_row(hole, self._row(vacated), cache_from=vacated)

@@ -2,6 +2,12 @@
 
 :func:`prepare_inputs` runs after ``PersistentBatch.pack_window_rows``, so the window rows hold slots
 ``[0, n)`` in slot order. Refresh rows come first in every per-row tensor, then window rows.
+
+A block-causal family's step has the same two parts with other contents. Its refresh rows are the
+admitted ones: they prefill their prompt and run their first block's first step, columns
+``[0, end of block)``. Its window rows run their active block over their cached keys/values. A row
+that has just finished a block also rewrites that block's keys/values from its final tokens, in the
+same window (the block before the active one), so each finished block is written once.
 """
 from __future__ import annotations
 
@@ -36,6 +42,8 @@ class StepBatch:
     logprob_rows: torch.Tensor | None  # [r] rows whose request wants log-probabilities (None: none)
     num_top_logprobs: int  # the most alternatives one of them wants
     logprob_counts: list[int]  # the alternatives each of them wants (host side)
+    leads: list[int]  # host: prompt tokens at the start of each row's active block (see Request.lead)
+    answer_starts: torch.Tensor | None  # [rows] the same on the device (None: every lead is 0)
     record: ForwardRecord
 
     @property
@@ -62,6 +70,7 @@ def prepare_inputs(batch: PersistentBatch, refresh: Sequence[Request], window: S
                       block_indices[:, None] * block_length + batch.block_offsets)
         (temperatures,) = to_device(batch.tokens, [float(r.params.temperature) for r in picked], dtype=torch.float32)
     wants_logprobs = [index for index, r in enumerate(rows) if r.params.logprobs is not None]
+    leads = [r.block_lead for r in rows]
     return StepBatch(
         request_ids=[r.request_id for r in rows], refresh=refresh_part, window=window_part, slots=slots,
         block_columns=block_starts[:, None] + batch.block_offsets, step_in_block=step_in_block,
@@ -70,6 +79,7 @@ def prepare_inputs(batch: PersistentBatch, refresh: Sequence[Request], window: S
         logprob_rows=to_device(batch.tokens, wants_logprobs)[0] if wants_logprobs else None,
         num_top_logprobs=max((rows[index].params.logprobs for index in wants_logprobs), default=0),
         logprob_counts=[rows[index].params.logprobs for index in wants_logprobs],
+        leads=leads, answer_starts=to_device(batch.tokens, leads)[0] if any(leads) else None,
         record=_record(batch, refresh, window, refresh_part, window_part))
 
 
@@ -96,6 +106,8 @@ def _refresh_part(batch: PersistentBatch, rows: Sequence[Request], slots: torch.
     """Whole rows, in the bounding box of the widest one."""
     if not rows:
         return None
+    if batch.block_causal:
+        return _prefill_part(batch, rows, slots, block_starts)
     width = batch.width
     first = width - max(r.width for r in rows)
     read = block_starts[:, None] - first - batch.logit_shift + batch.block_offsets
@@ -115,6 +127,8 @@ def _window_part(batch: PersistentBatch, rows: Sequence[Request], slots: torch.T
     """
     if not rows:
         return None
+    if batch.block_causal:
+        return _block_window_part(batch, rows, slots, block_starts)
     width, lookback = batch.width, batch.window_lookback
     starts = block_starts - lookback
     if batch.cache_mode == "dual":
@@ -131,6 +145,40 @@ def _window_part(batch: PersistentBatch, rows: Sequence[Request], slots: torch.T
                       row_widths=tuple(r.width for r in rows), row_tokens=row_tokens)
 
 
+def _prefill_part(batch: PersistentBatch, rows: Sequence[Request], slots: torch.Tensor,
+                  block_starts: torch.Tensor) -> RefreshPart:
+    """Block-causal rows' first step: columns ``[0, end of the furthest first block)``, left-aligned."""
+    ends = tuple(batch.block_start(r) + batch.block_length for r in rows)
+    box = max(ends)
+    return RefreshPart(tokens=batch.tokens[slots, :box], positions=batch.positions[slots, :box],
+                       key_mask=batch.key_mask[slots, :box], read_columns=block_starts[:, None] + batch.block_offsets,
+                       slots=slots, first_column=0, row_widths=ends, block_size=batch.block_length)
+
+
+def _block_window_part(batch: PersistentBatch, rows: Sequence[Request], slots: torch.Tensor,
+                       block_starts: torch.Tensor) -> WindowPart:
+    """Block-causal window rows: the active block, preceded by the block just finished when the row
+    starts a new one (its keys/values rewritten from its final tokens). Windows are ragged and
+    left-aligned; a shorter window's tail points at the scratch column."""
+    block_length, width = batch.block_length, batch.width
+    stored = [block_length if r.between_blocks else 0 for r in rows]
+    (stored_columns,) = to_device(batch.tokens, stored)
+    length = block_length + max(stored)
+    offsets = torch.arange(length, device=slots.device)
+    columns = (block_starts - stored_columns)[:, None] + offsets
+    real = offsets < (stored_columns + block_length)[:, None]
+    safe = columns.masked_fill(~real, 0)
+    ends = tuple(batch.block_start(r) + block_length for r in rows)
+    context_end = max(ends)
+    slot_rows = slots[:, None]  # packed: slots [0, n)
+    return WindowPart(tokens=batch.tokens[slot_rows, safe], positions=batch.positions[slot_rows, safe],
+                      columns=columns.masked_fill(~real, width), context_start=0, num_read=block_length,
+                      row_widths=ends, row_tokens=tuple(block_length + s for s in stored),
+                      read_columns=stored_columns[:, None] + batch.block_offsets if any(stored) else None,
+                      block_size=block_length, context_end=context_end,
+                      key_positions=batch.positions[:len(rows), :context_end])
+
+
 def _record(batch: PersistentBatch, refresh: Sequence[Request], window: Sequence[Request],
             refresh_part: RefreshPart | None, window_part: WindowPart | None) -> ForwardRecord:
     return ForwardRecord(
@@ -138,7 +186,8 @@ def _record(batch: PersistentBatch, refresh: Sequence[Request], window: Sequence
         refresh_width=refresh_part.tokens.shape[1] if refresh_part is not None else 0,
         window_rows=len(window),
         window_tokens=window_part.tokens.shape[1] if window_part is not None else 0,
-        window_context=batch.width - window_part.context_start if window_part is not None else 0,
+        window_context=((window_part.context_end or batch.width) - window_part.context_start
+                        if window_part is not None else 0),
         logit_positions=(len(refresh) + len(window)) * batch.block_length,
         real_tokens=sum(r.width for r in (*refresh, *window)))
 

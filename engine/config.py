@@ -8,7 +8,11 @@ from typing import Any
 
 SCHEDULES = ("continuous", "block_sync", "static", "shrink")  # engine/policies.py: one policy each
 CACHE_MODES = ("dual", "prefix", "none")
-DECODING_RULES = ("threshold", "quota", "factor", "factor_prefix", "dream")
+DECODING_RULES = ("threshold", "quota", "factor", "factor_prefix", "dream", "low_confidence",
+                  "low_confidence_dynamic", "low_confidence_static")
+QUOTA_RULES = ("quota", "low_confidence_dynamic", "low_confidence_static")  # need steps_per_block
+# LLaDA2.1's token editing (T2T) rewrites committed tokens: refused by name (see _from_dict)
+EDITING_SETTINGS = ("editing_threshold", "max_post_steps", "edit_threshold", "max_post_edit_steps")
 DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy")  # Dream's diffusion_generate algs, less "origin"
 SHIFTED_DECODINGS = ("fast-dllm", "lookback")
 DEFAULT_MAX_MODEL_LEN = 4096  # widest row when max_model_len is unset: a model may advertise far more
@@ -18,6 +22,17 @@ DEFAULT_MAX_MODEL_LEN = 4096  # widest row when max_model_len is unset: a model 
 def blocks_needed(num_tokens: int, block_length: int) -> int:
     """Whole blocks that hold ``num_tokens`` tokens."""
     return -(-num_tokens // block_length)
+
+
+def answer_blocks(prompt_length: int, max_new_tokens: int, block_length: int,
+                  absolute_blocks: bool) -> tuple[int, int]:
+    """``(lead, blocks)`` of a request: its prompt tokens inside its first answer block, and the blocks
+    its answer spans. Full-attention families start the answer on a block (lead 0). Block-causal
+    families (``absolute_blocks``) place blocks at multiples of ``block_length`` from the prompt's
+    start, so the first answer block also holds the prompt's last ``prompt_length % block_length``
+    tokens."""
+    lead = prompt_length % block_length if absolute_blocks else 0
+    return lead, blocks_needed(lead + max_new_tokens, block_length)
 
 
 def window_lookback(config: EngineConfig, logit_shift: int) -> int:
@@ -40,6 +55,12 @@ def dream_alg_problem(alg: object) -> str | None:
 def _from_dict(cls: type, values: Mapping[str, Any]):
     """``cls(**values)``, refusing unknown keys by name."""
     known = {field.name for field in dataclasses.fields(cls)}
+    editing = sorted(set(values) & set(EDITING_SETTINGS))
+    if editing or values.get("decoding") == "joint_threshold":
+        raise ValueError(
+            f"{cls.__name__}: {editing or ['decoding=joint_threshold']}: LLaDA2.1's token editing rewrites tokens "
+            "already committed, which block-by-block serving does not support; decode LLaDA2.1 with "
+            "decoding='low_confidence' or 'low_confidence_dynamic' (mask-to-token steps only)")
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields: {sorted(known)}")
@@ -62,6 +83,7 @@ class EngineConfig:
     cache: str = "dual"  # "dual" | "prefix" | "none"
     decoding: str = "threshold"  # "threshold" | "quota" | "factor" (Fast-dLLM's) | "factor_prefix" (the paper's)
     # | "dream" (Dream's diffusion_generate: its per-step count and dream_alg's score, see engine/decoding.py)
+    # | "low_confidence" (SGLang's) | "low_confidence_dynamic" / "low_confidence_static" (SDAR's, LLaDA2's)
     threshold: float = 0.9
     factor: float = 1.0
     steps_per_block: int | None = None  # cap on steps per block; the fixed step count in quota/dream mode
@@ -113,8 +135,8 @@ class EngineConfig:
                       f"{self.block_length}: some steps would commit nothing")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
             _fail("max_model_len", f"must be a positive int or None, got {self.max_model_len!r}")
-        if self.decoding == "quota" and self.steps_per_block is None:
-            _fail("steps_per_block", "quota decoding needs a fixed number of steps per block")
+        if self.decoding in QUOTA_RULES and self.steps_per_block is None:
+            _fail("steps_per_block", f"{self.decoding} decoding needs a fixed number of steps per block")
         if (problem := dream_alg_problem(self.dream_alg)) is not None:
             _fail("dream_alg", problem)
         if isinstance(self.dream_eps, bool) or not isinstance(self.dream_eps, (int, float)) \
@@ -236,3 +258,19 @@ def _token_bias(value: Any) -> dict[int, float]:
             raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
         bias[key] = number
     return bias
+
+
+def check_family_settings(config: EngineConfig, lm) -> None:
+    """Refuse settings the loaded model's family cannot honour, naming the setting (``lm``: a DiffusionLM)."""
+    if lm.attention != "block_causal":
+        return
+    family = lm.family
+    if config.cache != "dual":
+        raise ValueError(f"EngineConfig.cache: {config.cache!r} is a cache mode of full-attention families; "
+                         f"{family} attends block-causally and caches each finished block: leave cache at 'dual'")
+    if config.decoding == "dream":
+        raise ValueError(f"EngineConfig.decoding: 'dream' is Dream's sampler over a whole canvas; {family} decodes "
+                         f"block by block: use low_confidence_dynamic, low_confidence, threshold or quota")
+    if lm.options.compile:
+        raise ValueError(f"load_model(compile=True) is not supported for block-causal families ({family}) yet: "
+                         "load the model without it")

@@ -22,6 +22,15 @@ Rules (Fast-dLLM / LLaDA):
   the candidate's probability (maskgit_plus), top-1 minus top-2 probability (topk_margin) or the negative
   entropy ``sum p log(p + 1e-10)`` (entropy), all over the full softmax, MASK included. Dream runs this
   over its whole canvas at once: one block of ``max_new_tokens``.
+Rules of the block-causal families (SDAR, LLaDA2, SGLang):
+* ``low_confidence`` (SGLang's ``LowConfidence``): commit every masked position whose confidence is
+  strictly above tau, or, if none is, the single most confident one. This is ``threshold`` with ``>``.
+* ``low_confidence_dynamic`` (SDAR's ``low_confidence_dynamic``, LLaDA2's ``generate``): with S steps
+  per block, step k's quota q is ``quota``'s share of the whole block (not of its masks). If at least q
+  masked positions are strictly above tau, commit all of them; else commit the q most confident.
+* ``low_confidence_static`` (SDAR's ``low_confidence_static``): the q most confident, as ``quota``.
+A first block that starts inside the prompt holds fewer masks than the block length; the quota
+rules then commit at most the masks left, as the references do.
 A family with shifted logits decoded as Fast-dLLM does (``first_step_first_position``) commits only the
 block's first position at a block's first step, whatever Fast-dLLM rule (Dream's own sampler has no such
 step, so ``dream`` needs the "lookback" windows there).
@@ -47,7 +56,7 @@ _ENTROPY_EPSILON = 1e-10  # Dream's: log(p + eps) keeps p = 0 finite
 
 @dataclass(frozen=True)
 class DecodeRule:
-    kind: str  # "threshold" | "quota" | "factor" | "factor_prefix" | "dream"
+    kind: str  # one of engine.config.DECODING_RULES
     threshold: float = 0.9
     factor: float = 1.0
     steps_per_block: int | None = None
@@ -207,14 +216,18 @@ def select_commits(rule: DecodeRule, confidence: torch.Tensor, masked: torch.Ten
     step [rows]: 0-based denoising step within the current block (which starts all masks).
     Rows without masks commit nothing. At the last allowed step every masked position commits.
     """
-    if rule.kind == "threshold":  # no ranking needed: the most confident mask, the leftmost on a tie
+    if rule.kind in ("threshold", "low_confidence"):  # no ranking: the most confident mask, leftmost on a tie
         best = torch.where(masked, confidence, float("-inf")).argmax(dim=-1, keepdim=True)
-        commit = (masked & (confidence >= rule.threshold)).scatter_(-1, best, masked.gather(-1, best))
+        passes = confidence > rule.threshold if rule.kind == "low_confidence" else confidence >= rule.threshold
+        commit = (masked & passes).scatter_(-1, best, masked.gather(-1, best))
         return _finish_commits(rule, commit, masked, step)
     ranks, sorted_scores = _rank_by_confidence(confidence, masked)
-    if rule.kind == "quota":
+    if rule.kind in ("quota", "low_confidence_static", "low_confidence_dynamic"):
         quota = quota_for_step(masked.shape[-1], step, rule.steps_per_block)
         commit = masked & (ranks < quota[:, None])
+        if rule.kind == "low_confidence_dynamic":
+            confident = masked & (confidence > rule.threshold)
+            commit = torch.where((confident.sum(-1) >= quota)[:, None], confident, commit)
     elif rule.kind == "factor":
         commit = masked & (ranks < _fast_dllm_factor_count(sorted_scores, masked.sum(-1), rule.factor)[:, None])
     elif rule.kind == "factor_prefix":

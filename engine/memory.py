@@ -33,7 +33,7 @@ class MemoryModel:
     weight_bytes: int
     arena_bytes: int  # allocated once: KV slots (if cached) + token ids, positions, key masks
     bytes_per_box_token: int  # activations of one bounding-box token in a whole-row forward (estimate)
-    logit_bytes_per_row: int  # float32 logits of one row's active block
+    logit_bytes_per_row: int  # vocabulary-sized temporaries of one row's active block (logits, softmax)
     sampling_bytes_per_row: int = 0  # a sampled row's float32 noise and scaled logits (its block)
     sampling_scratch_bytes: int = 0  # the noise's int64 hash temporaries, bounded by chunking
 
@@ -52,11 +52,18 @@ def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     element = torch.empty((), dtype=dtype).element_size()
     arena_bytes = kv_bytes + 2 * INDEX_BYTES * slots * width
     hidden, intermediate = model_config.hidden_size, model_config.intermediate_size
+    per_token = 6 * hidden + 3 * intermediate + model_config.num_heads * width
+    if model_config.attention == "block_causal":  # one mask row of every query: [rows, 1, queries, keys]
+        per_token += width
+    if model_config.moe is not None:  # each routed copy of a token: gate/up, its product, its output
+        moe = model_config.moe
+        per_token += moe.experts_per_token * (3 * moe.moe_intermediate_size + 2 * hidden)
     return MemoryModel(
         weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()),
         arena_bytes=arena_bytes,
-        bytes_per_box_token=element * (6 * hidden + 3 * intermediate + model_config.num_heads * width),
-        logit_bytes_per_row=4 * config.block_length * model_config.vocab_size,
+        bytes_per_box_token=element * per_token,
+        # the active blocks' logits in the model's dtype, their float32 softmax and one float32 temporary
+        logit_bytes_per_row=(element + 8) * config.block_length * model_config.vocab_size,
         sampling_bytes_per_row=2 * 4 * config.block_length * model_config.vocab_size,
         sampling_scratch_bytes=3 * INDEX_BYTES * NOISE_CHUNK_ELEMENTS)
 

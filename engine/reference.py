@@ -25,34 +25,17 @@ Dream's own sampler (``diffusion_generate``, alg maskgit_plus / topk_margin / en
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 
 from engine.config import blocks_needed
-from engine.decoding import (
-    DecodeRule,
-    Sampling,
-    commits_first_position_first,
-    gumbel_noise,
-    propose_tokens,
-    select_commits,
-)
-from engine.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
+from engine.decoding import DecodeRule, commits_first_position_first, propose_tokens, select_commits
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import RefreshPart, WindowPart
+from engine.reference_block_causal import block_causal_generate
+from engine.reference_steps import ReferenceResult, committed_logprobs, row_bias, row_sampling
 from engine.request import TokenLogprob, trim_at_stop
-
-
-@dataclass(frozen=True)
-class ReferenceResult:
-    token_ids: list[int]  # generated tokens, trimmed at the first stop token
-    finish_reason: str  # "eos" | "length"
-    num_blocks: int
-    num_steps: int
-    logprobs: list[TokenLogprob] | None = None  # per output token, at the step it was committed
-
 
 THRESHOLD_RULE = DecodeRule("threshold")
 
@@ -64,6 +47,11 @@ def reference_generate(
     seed: int = 0, stop_at_eos: bool = True, shifted_decoding: str = "fast-dllm", top_k: int = 0,
     top_p: float = 1.0, logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
 ) -> ReferenceResult:
+    if lm.attention == "block_causal":  # blocks at absolute positions, no shift: its own loop
+        settings = dict(rule=rule, cache=cache, temperature=temperature, seed=seed, stop_at_eos=stop_at_eos,
+                        top_k=top_k, top_p=top_p, logit_bias=logit_bias, logprobs=logprobs)
+        return block_causal_generate(lm, prompt_ids, max_new_tokens=max_new_tokens, block_length=block_length,
+                                     **settings)
     num_blocks, width = _canvas_size(lm, prompt_ids, max_new_tokens, block_length)
     prompt_length = len(prompt_ids)
     device, mask_id, shift = lm.device, lm.special_ids.mask_id, lm.logit_shift
@@ -75,9 +63,8 @@ def reference_generate(
     canvas, positions, key_mask, kv_cache = _blank_canvas(lm, prompt_ids, width, cache)
     seeds = torch.tensor([seed], dtype=torch.long, device=device)
     slot = torch.zeros(1, dtype=torch.long, device=device)
-
     total_steps, blocks_run, stopped = 0, 0, False
-    committed_logprobs: dict[int, TokenLogprob] = {}  # canvas position -> at its commit step
+    logprobs_at: dict[int, TokenLogprob] = {}  # canvas position -> at its commit step
     for block in range(num_blocks):
         start, end = prompt_length + block * block_length, prompt_length + (block + 1) * block_length
         step = 0
@@ -91,15 +78,15 @@ def reference_generate(
                                          (start - lookback, end if cache == "dual" else width), block_length,
                                          read_shift=shift - lookback)
             logits = lm.model.logits(hidden)
-            sampling = (_sampling(seeds, temperature, top_k, top_p, block * block_length, step, block_length,
+            sampling = (row_sampling(seeds, temperature, top_k, top_p, block * block_length, step, block_length,
                                   logits.shape[-1]) if temperature > 0 else None)
-            bias = _row_bias(logit_bias, logits.shape[-1], device) if logit_bias else None
+            bias = row_bias(logit_bias, logits.shape[-1], device) if logit_bias else None
             candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=rule.measure, bias=bias)
             masked = canvas[:, start:end] == mask_id
             commit = select_commits(rule, confidence, masked, torch.tensor([step], device=device))
             canvas[:, start:end] = torch.where(commit, candidates, canvas[:, start:end])
             if logprobs is not None:
-                committed_logprobs |= _committed_logprobs(logits, mask_id, candidates, commit, logprobs, bias,
+                logprobs_at |= committed_logprobs(logits, mask_id, candidates, commit, logprobs, bias,
                                                           offset=block * block_length)
             step += 1
         total_steps += step
@@ -112,7 +99,7 @@ def reference_generate(
     token_ids = trim_at_stop(generated, lm.special_ids.stop_ids)
     return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped and stop_at_eos else "length",
                            num_blocks=blocks_run, num_steps=total_steps,
-                           logprobs=None if logprobs is None else [committed_logprobs[index]
+                           logprobs=None if logprobs is None else [logprobs_at[index]
                                                                    for index in range(len(token_ids))])
 
 
@@ -152,32 +139,3 @@ def _window_forward(lm: DiffusionLM, canvas: torch.Tensor, positions: torch.Tens
     part = WindowPart(canvas[:, columns[0]], positions[:, columns[0]], columns, context_start=0,
                       num_read=block_length, read_shift=read_shift)
     return lm.model.forward_step(None, part, kv_cache)
-
-
-def _sampling(seeds: torch.Tensor, temperature: float, top_k: int, top_p: float, block_offset: int, step: int,
-              block_length: int, vocab_size: int) -> Sampling:
-    """The one row's sampling inputs at ``step`` of the block starting at output position ``block_offset``."""
-    device = seeds.device
-    canvas_positions = torch.arange(block_offset, block_offset + block_length, device=device)[None]
-    global_step = torch.tensor([block_offset + step], device=device)
-    filters = None
-    if top_k > 0 or top_p < 1.0:
-        filters = TokenFilters(top_k=torch.tensor([top_k], device=device),
-                               top_p=torch.tensor([float(top_p)], dtype=torch.float64, device=device))
-    return Sampling(rows=torch.tensor([0], device=device),
-                    temperatures=torch.tensor([float(temperature)], device=device),
-                    noise=gumbel_noise(seeds, global_step, canvas_positions, vocab_size), filters=filters)
-
-
-def _row_bias(logit_bias: dict[int, float], vocab_size: int, device: torch.device) -> RowBias:
-    return RowBias(rows=torch.tensor([0], device=device),
-                   values=dense_bias([logit_bias], vocab_size, torch.float64, device))
-
-
-def _committed_logprobs(logits: torch.Tensor, mask_id: int, candidates: torch.Tensor, commit: torch.Tensor,
-                        count: int, bias: RowBias | None, offset: int) -> dict[int, TokenLogprob]:
-    """Output position -> logprob of each token this step committed (``offset``: the block's start)."""
-    chosen, values, ids = token_logprobs(logits, mask_id, candidates, count, None if bias is None else bias.values)
-    return {offset + j: TokenLogprob(int(candidates[0, j]), float(chosen[0, j]),
-                                     tuple(zip(ids[0, j].tolist(), values[0, j].tolist())))
-            for j in commit[0].nonzero().flatten().tolist()}

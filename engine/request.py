@@ -79,6 +79,9 @@ class Request:
 
         row:  [ prompt (prompt_length) | block 0 | block 1 | ... | block canvas_blocks-1 ]
                                          ^ block_start = prompt_length + block_index * block_length
+
+    A block-causal family's blocks sit at multiples of ``block_length`` from the prompt's start, so
+    block 0 may begin inside the prompt: its first ``lead`` tokens are the prompt's last ones.
     """
 
     request_id: str
@@ -89,7 +92,8 @@ class Request:
     seed: int = 0
     error: str | None = None
     status: RequestStatus = RequestStatus.WAITING
-    cap_blocks: int = 0  # the request's own block cap: ceil(max_new_tokens / block_length)
+    lead: int = 0  # prompt tokens inside block 0 (block-causal families; 0: the answer starts a block)
+    cap_blocks: int = 0  # the request's own block cap: the blocks max_new_tokens spans after the lead
     canvas_blocks: int = 0  # blocks on its canvas (= cap, or the batch's largest for static/shrink)
     block_index: int = 0  # the block being decoded; once it is complete, the number of blocks done
     between_blocks: bool = False  # its last block has no mask left and the next one has not started
@@ -109,17 +113,27 @@ class Request:
         return len(self.prompt_token_ids)
 
     @property
+    def canvas_start(self) -> int:
+        """Row column of block 0's first token."""
+        return self.prompt_length - self.lead
+
+    @property
     def width(self) -> int:
         """Row width in the bounding box: prompt plus canvas."""
-        return self.prompt_length + self.canvas_blocks * self.block_length
+        return self.canvas_start + self.canvas_blocks * self.block_length
 
     @property
     def own_width(self) -> int:
-        return self.prompt_length + self.cap_blocks * self.block_length
+        return self.canvas_start + self.cap_blocks * self.block_length
 
     @property
     def block_start(self) -> int:
-        return self.prompt_length + self.block_index * self.block_length
+        return self.canvas_start + self.block_index * self.block_length
+
+    @property
+    def block_lead(self) -> int:
+        """Prompt tokens at the start of its current block (``lead`` in block 0, else 0)."""
+        return self.lead if self.block_index == 0 else 0
 
     @property
     def is_finished(self) -> bool:

@@ -39,6 +39,10 @@ class ModelRunner:
         refresh, window = scheduled.refresh, scheduled.window
         if self.batch.kv_cache is None:  # without a cache every step is a whole-row forward
             refresh, window = [*refresh, *window], []
+        elif self.batch.block_causal:  # only admitted rows prefill; a row starting a block continues in the window
+            admitted = {id(request) for request in scheduled.admitted}
+            window = [*window, *(r for r in refresh if id(r) not in admitted)]
+            refresh = [r for r in refresh if id(r) in admitted]
         self.batch.pack_window_rows(window)
         inputs = prepare_inputs(self.batch, refresh, window)
         started = time.perf_counter()
@@ -69,16 +73,21 @@ class ModelRunner:
             self._record_logprobs(inputs, logits, candidates, commit)
         self.batch.write_blocks(inputs.slots, inputs.block_columns, blocks)
         complete = ~(blocks == mask_id).any(-1)
-        stopped = torch.isin(blocks, self._stop_ids).any(-1)
+        stop_hits = torch.isin(blocks, self._stop_ids)
+        if inputs.answer_starts is not None:  # the prompt's tokens in a first block never stop a request
+            stop_hits &= self.batch.block_offsets >= inputs.answer_starts[:, None]
+        stopped = stop_hits.any(-1)
         host = torch.cat([blocks, complete[:, None], stopped[:, None]], dim=1).tolist()  # the one sync
-        results = {request_id: self._row_result(row) for request_id, row in zip(inputs.request_ids, host)}
+        results = {request_id: self._row_result(row, lead)
+                   for request_id, row, lead in zip(inputs.request_ids, host, inputs.leads)}
         if inputs.logprob_rows is not None:
             self._attach_logprobs(inputs, results)
         return results
 
-    def _row_result(self, row: list[int]) -> RowResult:
-        """A host row ``[block tokens..., complete, stop found]`` as a RowResult."""
-        tokens, complete, stopped = row[:-2], bool(row[-2]), bool(row[-1])
+    def _row_result(self, row: list[int], lead: int) -> RowResult:
+        """A host row ``[block tokens..., complete, stop found]`` as a RowResult: the block's answer
+        tokens (after its ``lead`` prompt tokens)."""
+        tokens, complete, stopped = row[lead:-2], bool(row[-2]), bool(row[-1])
         if not complete:
             return RowResult(False, None, None)
         return RowResult(True, first_stop(tokens, self.lm.special_ids.stop_ids) if stopped else None, tokens)
@@ -110,7 +119,7 @@ class ModelRunner:
             result = results[request_id]
             if result.block_tokens is None:
                 continue
-            wanted = inputs.logprob_counts[index]
+            wanted, lead = inputs.logprob_counts[index], inputs.leads[row]
             block = [TokenLogprob(token, logprob, tuple(zip(ids[index][j][:wanted], values[index][j][:wanted])))
-                     for j, (token, logprob) in enumerate(zip(result.block_tokens, chosen[index]))]
+                     for j, (token, logprob) in enumerate(zip(result.block_tokens, chosen[index][lead:]), start=lead)]
             results[request_id] = dataclasses.replace(result, block_logprobs=block)

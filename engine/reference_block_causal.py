@@ -1,0 +1,131 @@
+"""The single-request oracle of the block-causal families (SDAR, LLaDA2), written for clarity.
+
+It follows the structure of SDAR's own loop (``block_diffusion_generate``), not the engine's:
+
+    canvas = prompt + [MASK] up to a multiple of block_length (blocks at absolute positions)
+    prefill: the prompt's whole blocks, keys/values stored
+    for each block from the one holding the prompt's end:
+        each step: a forward of the block over the cached keys/values before it, its own keys/values
+                   written in place (the next step rewrites them); commit by the decoding rule
+        when the block holds no mask: one more forward of the block writes its final keys/values
+        stop after this block if its answer tokens hold a stop token (unless stop_at_eos is False)
+
+With ``cache="none"`` every step is a forward of the whole canvas up to the block's end instead
+(LLaDA2's ``generate``). The engine fuses the prefill with the first block's first step and a finished
+block's store with the next block's first step; both orders compute the same numbers up to float
+rounding, which the golden tests pin down.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.config import answer_blocks
+from engine.decoding import DecodeRule, propose_tokens, select_commits
+from engine.models.kv_cache import KVCache
+from engine.models.loader import DiffusionLM
+from engine.models.step_inputs import RefreshPart, WindowPart
+from engine.reference_steps import ReferenceResult, committed_logprobs, row_bias, row_sampling
+from engine.request import TokenLogprob, trim_at_stop
+
+
+@torch.no_grad()
+def block_causal_generate(
+    lm: DiffusionLM, prompt_ids: list[int], *, max_new_tokens: int, block_length: int, rule: DecodeRule,
+    cache: str = "dual", temperature: float = 0.0, seed: int = 0, stop_at_eos: bool = True, top_k: int = 0,
+    top_p: float = 1.0, logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+) -> ReferenceResult:
+    prompt_length, mask_id, device = len(prompt_ids), lm.special_ids.mask_id, lm.device
+    if not prompt_ids or max_new_tokens <= 0:
+        raise ValueError("the prompt must be non-empty and max_new_tokens positive")
+    lead, num_blocks = answer_blocks(prompt_length, max_new_tokens, block_length, absolute_blocks=True)
+    first = prompt_length - lead  # column of the first answer block
+    width = first + num_blocks * block_length
+    if width > lm.max_length:
+        raise ValueError(f"prompt ({prompt_length}) + canvas exceeds the model's maximum {lm.max_length}")
+    canvas = torch.full((1, width), mask_id, dtype=torch.long, device=device)
+    canvas[0, :prompt_length] = torch.tensor(prompt_ids, device=device)
+    forward = CachedBlockForward(lm, canvas, block_length) if cache != "none" else FullBlockForward(lm, canvas, block_length)
+    forward.prefill(first)
+    seeds = torch.tensor([seed], dtype=torch.long, device=device)
+    bias = row_bias(logit_bias, lm.vocab_size, device) if logit_bias else None
+    total_steps, blocks_run, stopped = 0, 0, False
+    logprobs_at: dict[int, TokenLogprob] = {}  # output position -> at its commit step
+    for block in range(num_blocks):
+        start, end = first + block * block_length, first + (block + 1) * block_length
+        step = 0
+        while (canvas[0, start:end] == mask_id).any():
+            logits = lm.model.logits(forward.step(start, end))
+            sampling = (row_sampling(seeds, temperature, top_k, top_p, block * block_length, step, block_length,
+                                     logits.shape[-1]) if temperature > 0 else None)
+            candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=rule.measure, bias=bias)
+            masked = canvas[:, start:end] == mask_id
+            commit = select_commits(rule, confidence, masked, torch.tensor([step], device=device))
+            canvas[:, start:end] = torch.where(commit, candidates, canvas[:, start:end])
+            if logprobs is not None:
+                logprobs_at |= committed_logprobs(logits, mask_id, candidates, commit, logprobs, bias,
+                                                  offset=block * block_length - lead)
+            step += 1
+        forward.store(start, end)
+        total_steps += step
+        blocks_run += 1
+        if any(int(t) in lm.special_ids.stop_ids for t in canvas[0, max(start, prompt_length):end]):
+            stopped = True
+            if stop_at_eos:
+                break
+    generated = canvas[0, prompt_length:first + blocks_run * block_length].tolist()
+    token_ids = trim_at_stop(generated, lm.special_ids.stop_ids)
+    return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped and stop_at_eos else "length",
+                           num_blocks=blocks_run, num_steps=total_steps,
+                           logprobs=None if logprobs is None else [logprobs_at[i] for i in range(len(token_ids))])
+
+
+class CachedBlockForward:
+    """SDAR's order: the prompt's whole blocks stored once, each step a window of the block over the
+    cache, each finished block stored by one more forward of its final tokens."""
+
+    def __init__(self, lm: DiffusionLM, canvas: torch.Tensor, block_length: int):
+        self.lm, self.canvas, self.block_length = lm, canvas, block_length
+        width = canvas.shape[1]
+        self.positions = torch.arange(width, device=canvas.device)[None]
+        self.kv_cache = KVCache(lm.model.config, 1, width, lm.dtype, canvas.device)
+        self.kv_cache.key_mask[0, :width] = True
+
+    def prefill(self, end: int) -> None:
+        if end == 0:
+            return
+        read = torch.zeros((1, 1), dtype=torch.long, device=self.canvas.device)
+        part = RefreshPart(self.canvas[:, :end], self.positions[:, :end], self.kv_cache.key_mask[:, :end], read,
+                           slots=torch.zeros(1, dtype=torch.long, device=self.canvas.device),
+                           block_size=self.block_length)
+        self.lm.model.forward_step(part, None, self.kv_cache)
+
+    def step(self, start: int, end: int) -> torch.Tensor:
+        columns = torch.arange(start, end, device=self.canvas.device)[None]
+        part = WindowPart(self.canvas[:, start:end], self.positions[:, start:end], columns, context_start=0,
+                          num_read=end - start, block_size=self.block_length, context_end=end,
+                          key_positions=self.positions[:, :end])
+        return self.lm.model.forward_step(None, part, self.kv_cache)
+
+    def store(self, start: int, end: int) -> None:
+        self.step(start, end)
+
+
+class FullBlockForward:
+    """LLaDA2's order: every step a forward of the canvas up to the block's end, nothing cached."""
+
+    def __init__(self, lm: DiffusionLM, canvas: torch.Tensor, block_length: int):
+        self.lm, self.canvas, self.block_length = lm, canvas, block_length
+
+    def prefill(self, end: int) -> None:
+        pass
+
+    def step(self, start: int, end: int) -> torch.Tensor:
+        device = self.canvas.device
+        positions = torch.arange(end, device=device)[None]
+        hidden = self.lm.model.forward_full(self.canvas[:, :end], positions,
+                                            torch.ones((1, end), dtype=torch.bool, device=device),
+                                            block_size=self.block_length)
+        return hidden[:, start:end]
+
+    def store(self, start: int, end: int) -> None:
+        pass

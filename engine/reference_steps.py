@@ -1,0 +1,49 @@
+"""Pieces the single-request oracles share (``engine.reference``, ``engine.reference_block_causal``): the
+result type, one row's sampling inputs and logit bias, and the log-probabilities a step commits."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.decoding import Sampling, gumbel_noise
+from engine.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
+from engine.request import TokenLogprob
+
+
+@dataclass(frozen=True)
+class ReferenceResult:
+    token_ids: list[int]  # generated tokens, trimmed at the first stop token
+    finish_reason: str  # "eos" | "length"
+    num_blocks: int
+    num_steps: int
+    logprobs: list[TokenLogprob] | None = None  # per output token, at the step it was committed
+
+
+def row_sampling(seeds: torch.Tensor, temperature: float, top_k: int, top_p: float, block_offset: int, step: int,
+              block_length: int, vocab_size: int) -> Sampling:
+    """The one row's sampling inputs at ``step`` of the block starting at output position ``block_offset``."""
+    device = seeds.device
+    canvas_positions = torch.arange(block_offset, block_offset + block_length, device=device)[None]
+    global_step = torch.tensor([block_offset + step], device=device)
+    filters = None
+    if top_k > 0 or top_p < 1.0:
+        filters = TokenFilters(top_k=torch.tensor([top_k], device=device),
+                               top_p=torch.tensor([float(top_p)], dtype=torch.float64, device=device))
+    return Sampling(rows=torch.tensor([0], device=device),
+                    temperatures=torch.tensor([float(temperature)], device=device),
+                    noise=gumbel_noise(seeds, global_step, canvas_positions, vocab_size), filters=filters)
+
+
+def row_bias(logit_bias: dict[int, float], vocab_size: int, device: torch.device) -> RowBias:
+    return RowBias(rows=torch.tensor([0], device=device),
+                   values=dense_bias([logit_bias], vocab_size, torch.float64, device))
+
+
+def committed_logprobs(logits: torch.Tensor, mask_id: int, candidates: torch.Tensor, commit: torch.Tensor,
+                        count: int, bias: RowBias | None, offset: int) -> dict[int, TokenLogprob]:
+    """Output position -> logprob of each token this step committed (``offset``: the block's start)."""
+    chosen, values, ids = token_logprobs(logits, mask_id, candidates, count, None if bias is None else bias.values)
+    return {offset + j: TokenLogprob(int(candidates[0, j]), float(chosen[0, j]),
+                                     tuple(zip(ids[0, j].tolist(), values[0, j].tolist())))
+            for j in commit[0].nonzero().flatten().tolist()}

@@ -1,0 +1,180 @@
+"""The block-causal families (SDAR, LLaDA2) in the engine: blocks at absolute positions, each finished
+block's keys/values written once, every rule and schedule giving the single-request oracle's tokens.
+
+The fixtures are tiny random checkpoints in each family's real layout (``scripts/make_fixtures``).
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.config import EngineConfig, SamplingParams
+from engine.decoding import DecodeRule
+from engine.engine import BlockServeEngine
+from engine.models.loader import load_model
+from engine.reference import reference_generate
+from tests.conftest import FIXTURES
+
+FAMILIES = ("tiny-sdar", "tiny-llada2")
+RULES = {  # decoding -> its other settings
+    "low_confidence_dynamic": {"steps_per_block": 4, "threshold": 0.9},
+    "low_confidence_static": {"steps_per_block": 2},
+    "low_confidence": {"threshold": 0.95},
+    "threshold": {"threshold": 0.9},
+}
+BLOCK = 4
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def lm(request):
+    return load_model(FIXTURES / request.param)
+
+
+def ordinary_prompts(lm, lengths, seed=0) -> list[list[int]]:
+    """Prompts of ordinary (non-special) token ids; lengths put the answer at every offset in a block."""
+    special = set(lm.tokenizer.all_special_ids) | {lm.special_ids.mask_id, *lm.special_ids.stop_ids}
+    ordinary = [token for token in range(min(lm.vocab_size, 90)) if token not in special]
+    rng = random.Random(seed)
+    return [[rng.choice(ordinary) for _ in range(length)] for length in lengths]
+
+
+def oracle(lm, prompt, config: EngineConfig, params: SamplingParams, cache="dual"):
+    rule = DecodeRule(config.decoding, threshold=config.threshold, steps_per_block=config.steps_per_block)
+    return reference_generate(lm, prompt, max_new_tokens=params.max_new_tokens, block_length=config.block_length,
+                              rule=rule, cache=cache, temperature=params.temperature, seed=params.seed or 0,
+                              stop_at_eos=params.stop_at_eos, top_k=params.top_k, logprobs=params.logprobs)
+
+
+def mixed_params(count: int, seed: int = 0) -> list[SamplingParams]:
+    rng = random.Random(seed)
+    return [SamplingParams(max_new_tokens=rng.choice([3, 9, 14]), temperature=rng.choice([0.0, 0.8]), seed=index,
+                           top_k=rng.choice([0, 5]), logprobs=rng.choice([None, 2])) for index in range(count)]
+
+
+@pytest.mark.parametrize("decoding", sorted(RULES))
+def test_batched_rows_equal_the_oracle_alone_for_every_rule(lm, decoding):
+    config = EngineConfig(block_length=BLOCK, decoding=decoding, max_batch_size=3, **RULES[decoding])
+    prompts = ordinary_prompts(lm, (5, 6, 7, 8, 9, 13, 3, 1, 22, 17))
+    params = mixed_params(len(prompts))
+    outputs = BlockServeEngine(lm, config).generate(prompts, params)
+    for prompt, param, output in zip(prompts, params, outputs):
+        alone = oracle(lm, prompt, config, param)
+        assert output.token_ids == alone.token_ids
+        assert output.num_steps == alone.num_steps
+        assert_logprobs_close(output.logprobs, alone.logprobs)
+
+
+def assert_logprobs_close(ours, theirs):
+    """Same tokens and alternatives; values equal up to the float32 rounding of logits as large as 45
+    (the engine fuses a finished block's store with the next block's first step, the oracle runs them
+    apart: other GEMM shapes)."""
+    if ours is None or theirs is None:
+        assert ours is theirs
+        return
+    assert [(lp.token_id, [t for t, _ in lp.top]) for lp in ours] == [(lp.token_id, [t for t, _ in lp.top])
+                                                                      for lp in theirs]
+    flat = [value for lp in ours for value in (lp.logprob, *(v for _, v in lp.top))]
+    assert flat == pytest.approx([value for lp in theirs for value in (lp.logprob, *(v for _, v in lp.top))],
+                                 abs=1e-4)
+
+
+@pytest.mark.parametrize("schedule", ["continuous", "block_sync", "shrink"])
+def test_every_schedule_gives_the_oracles_tokens(lm, schedule):
+    config = EngineConfig(block_length=BLOCK, decoding="low_confidence_dynamic", steps_per_block=4,
+                          threshold=0.5, max_batch_size=3, schedule=schedule)
+    prompts = ordinary_prompts(lm, (2, 11, 4, 7, 30, 5, 9), seed=1)
+    params = [SamplingParams(max_new_tokens=4 + 5 * (index % 3), stop_at_eos=False) for index in range(len(prompts))]
+    outputs = BlockServeEngine(lm, config).generate(prompts, params)
+    assert [o.token_ids for o in outputs] == [oracle(lm, p, config, s).token_ids for p, s in zip(prompts, params)]
+
+
+def test_requests_arriving_mid_flight_equal_the_oracle(lm):
+    config = EngineConfig(block_length=BLOCK, decoding="low_confidence", threshold=0.6, max_batch_size=4)
+    engine = BlockServeEngine(lm, config)
+    prompts = ordinary_prompts(lm, (3, 9, 6, 14, 1, 8), seed=2)
+    params = SamplingParams(max_new_tokens=11, stop_at_eos=False)
+    outputs = {}
+    for prompt in prompts:
+        engine.add_request(prompt, params, request_id=str(len(outputs) + len(engine._requests)))
+        for output in engine.step().finished + engine.step().finished:
+            outputs[output.request_id] = output
+    while engine.has_unfinished_requests():
+        outputs |= {output.request_id: output for output in engine.step().finished}
+    for index, prompt in enumerate(prompts):
+        assert outputs[str(index)].token_ids == oracle(lm, prompt, config, params).token_ids
+
+
+def test_the_cached_oracle_equals_a_full_forward_every_step(lm):
+    config = EngineConfig(block_length=BLOCK, decoding="low_confidence_dynamic", steps_per_block=4)
+    params = SamplingParams(max_new_tokens=12, stop_at_eos=False)
+    for prompt in ordinary_prompts(lm, (1, 4, 6, 11), seed=3):
+        assert oracle(lm, prompt, config, params).token_ids == oracle(lm, prompt, config, params, "none").token_ids
+
+
+def test_a_block_never_sees_later_blocks_so_a_longer_canvas_keeps_the_early_tokens(lm):
+    config = EngineConfig(block_length=BLOCK, decoding="low_confidence_dynamic", steps_per_block=4)
+    engine = BlockServeEngine(lm, config)
+    prompts = ordinary_prompts(lm, (5, 10), seed=4)
+    short = engine.generate(prompts, SamplingParams(max_new_tokens=7, stop_at_eos=False))
+    long = engine.generate(prompts, SamplingParams(max_new_tokens=40, stop_at_eos=False))
+    for a, b in zip(short, long):
+        assert b.token_ids[:len(a.token_ids)] == a.token_ids
+
+
+def test_the_answer_fills_the_prompts_last_block_and_the_row_ends_on_a_block(lm):
+    config = EngineConfig(block_length=BLOCK, decoding="low_confidence", max_batch_size=2)
+    prompts = ordinary_prompts(lm, (5, 8), seed=5)
+    outputs = BlockServeEngine(lm, config).generate(prompts, SamplingParams(max_new_tokens=6, stop_at_eos=False))
+    # 5 prompt tokens: the first block holds 1 of them, so 5 + 6 rounds up to 12 columns: 7 answer tokens
+    assert [len(o.token_ids) for o in outputs] == [7, 8]
+
+
+def test_a_stop_token_in_the_prompts_part_of_the_first_block_does_not_stop_the_request(lm):
+    stops = lm.special_ids.stop_ids
+    prompt = ordinary_prompts(lm, (5,), seed=6)[0] + [stops[0]]  # the first block holds 2 prompt tokens
+    never_stop = SamplingParams(max_new_tokens=8, logit_bias={stop: -100.0 for stop in stops})
+    output = BlockServeEngine(lm, EngineConfig(block_length=BLOCK, decoding="low_confidence")).generate(
+        [prompt], never_stop)[0]
+    assert output.finish_reason == "length"
+    assert len(output.token_ids) == 10  # 6 + 8 = 14 rounds up to 16 columns: 10 answer tokens
+
+
+def test_row_width_is_prompt_plus_answer_rounded_up_to_whole_blocks(lm):
+    engine = BlockServeEngine(lm, EngineConfig(block_length=BLOCK, max_model_len=16))
+    assert engine.limits.row_width(7, 4) == 12  # 7 + 4 = 11 -> 3 blocks
+    assert engine.limits.prompt_room(SamplingParams(max_new_tokens=4)) == 12
+    engine.check([1] * 12, SamplingParams(max_new_tokens=4))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.check([1] * 13, SamplingParams(max_new_tokens=4))
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"cache": "prefix"}, "cache: 'prefix' is a cache mode of full-attention families"),
+    ({"cache": "none"}, "cache: 'none'"),
+    ({"decoding": "dream", "steps_per_block": 4}, "decoding: 'dream'"),
+])
+def test_settings_a_block_causal_family_cannot_honour_are_refused_by_name(lm, setting, message):
+    with pytest.raises(ValueError, match=message):
+        BlockServeEngine(lm, EngineConfig(block_length=BLOCK, **setting))
+
+
+@pytest.mark.parametrize("values", [{"editing_threshold": 0.9}, {"max_post_steps": 16},
+                                    {"decoding": "joint_threshold"}])
+def test_llada21_token_editing_is_refused_at_config_time(values):
+    with pytest.raises(ValueError, match="LLaDA2.1's token editing"):
+        EngineConfig.from_dict(values)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_bf16_batched_rows_equal_each_row_alone_in_batch_invariant_mode(name):
+    """Mixed rows at batch 4 (arrivals as rows leave, some rows storing a finished block beside others
+    mid-block), bf16: a row's tokens and log-probabilities are bitwise those of its run alone."""
+    lm = load_model(FIXTURES / name, dtype="bfloat16", batch_invariant=True)
+    config = EngineConfig(block_length=BLOCK, decoding="low_confidence_dynamic", steps_per_block=4, max_batch_size=4)
+    prompts = ordinary_prompts(lm, (5, 6, 7, 8, 9, 13, 3, 1, 22, 17))
+    params = mixed_params(len(prompts))
+    batched = BlockServeEngine(lm, config).generate(prompts, params)
+    for prompt, param, output in zip(prompts, params, batched):
+        alone = BlockServeEngine(lm, config).generate([prompt], [param])[0]
+        assert (output.token_ids, output.logprobs) == (alone.token_ids, alone.logprobs)
