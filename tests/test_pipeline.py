@@ -61,7 +61,8 @@ def stats_of(output: Path) -> dict:
 # Configuration
 # --------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["tiny-cpu", "llada-8b-instruct", "dream-7b-instruct"])
+@pytest.mark.parametrize("name", ["tiny-cpu", "llada-8b-instruct", "dream-7b-instruct", "sdar-8b-chat",
+                                  "llada2-mini"])
 def test_shipped_configs_validate(name):
     config = load_config(REPO_ROOT / "configs" / f"{name}.yaml")
     assert config.uses_gpus == (name != "tiny-cpu")
