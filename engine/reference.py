@@ -34,8 +34,15 @@ from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import RefreshPart, WindowPart
 from engine.reference_block_causal import block_causal_generate
-from engine.reference_steps import ReferenceResult, committed_logprobs, row_bias, row_sampling
-from engine.request import TokenLogprob, trim_at_stop
+from engine.reference_steps import (
+    ReferenceResult,
+    block_stops,
+    committed_logprobs,
+    finished_result,
+    row_bias,
+    row_sampling,
+)
+from engine.request import TokenLogprob
 
 THRESHOLD_RULE = DecodeRule("threshold")
 
@@ -91,16 +98,12 @@ def reference_generate(
             step += 1
         total_steps += step
         blocks_run += 1
-        if any(int(t) in lm.special_ids.stop_ids for t in canvas[0, start:end]):
+        if block_stops(lm, canvas, start, end):
             stopped = True
             if stop_at_eos:
                 break
-    generated = canvas[0, prompt_length:prompt_length + blocks_run * block_length].tolist()
-    token_ids = trim_at_stop(generated, lm.special_ids.stop_ids)
-    return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped and stop_at_eos else "length",
-                           num_blocks=blocks_run, num_steps=total_steps,
-                           logprobs=None if logprobs is None else [logprobs_at[index]
-                                                                   for index in range(len(token_ids))])
+    return finished_result(lm, canvas, prompt_length, prompt_length + blocks_run * block_length, stopped,
+                           stop_at_eos, blocks_run, total_steps, None if logprobs is None else logprobs_at)
 
 
 def _canvas_size(lm: DiffusionLM, prompt_ids: list[int], max_new_tokens: int,

@@ -24,8 +24,15 @@ from engine.decoding import DecodeRule, propose_tokens, select_commits
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import RefreshPart, WindowPart
-from engine.reference_steps import ReferenceResult, committed_logprobs, row_bias, row_sampling
-from engine.request import TokenLogprob, trim_at_stop
+from engine.reference_steps import (
+    ReferenceResult,
+    block_stops,
+    committed_logprobs,
+    finished_result,
+    row_bias,
+    row_sampling,
+)
+from engine.request import TokenLogprob
 
 
 @torch.no_grad()
@@ -44,7 +51,7 @@ def block_causal_generate(
         raise ValueError(f"prompt ({prompt_length}) + canvas exceeds the model's maximum {lm.max_length}")
     canvas = torch.full((1, width), mask_id, dtype=torch.long, device=device)
     canvas[0, :prompt_length] = torch.tensor(prompt_ids, device=device)
-    forward = CachedBlockForward(lm, canvas, block_length) if cache != "none" else FullBlockForward(lm, canvas, block_length)
+    forward = (CachedBlockForward if cache != "none" else FullBlockForward)(lm, canvas, block_length)
     forward.prefill(first)
     seeds = torch.tensor([seed], dtype=torch.long, device=device)
     bias = row_bias(logit_bias, lm.vocab_size, device) if logit_bias else None
@@ -68,15 +75,12 @@ def block_causal_generate(
         forward.store(start, end)
         total_steps += step
         blocks_run += 1
-        if any(int(t) in lm.special_ids.stop_ids for t in canvas[0, max(start, prompt_length):end]):
+        if block_stops(lm, canvas, max(start, prompt_length), end):
             stopped = True
             if stop_at_eos:
                 break
-    generated = canvas[0, prompt_length:first + blocks_run * block_length].tolist()
-    token_ids = trim_at_stop(generated, lm.special_ids.stop_ids)
-    return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped and stop_at_eos else "length",
-                           num_blocks=blocks_run, num_steps=total_steps,
-                           logprobs=None if logprobs is None else [logprobs_at[i] for i in range(len(token_ids))])
+    return finished_result(lm, canvas, prompt_length, first + blocks_run * block_length, stopped, stop_at_eos,
+                           blocks_run, total_steps, None if logprobs is None else logprobs_at)
 
 
 class CachedBlockForward:

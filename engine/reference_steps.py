@@ -8,7 +8,7 @@ import torch
 
 from engine.decoding import Sampling, gumbel_noise
 from engine.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
-from engine.request import TokenLogprob
+from engine.request import TokenLogprob, trim_at_stop
 
 
 @dataclass(frozen=True)
@@ -47,3 +47,18 @@ def committed_logprobs(logits: torch.Tensor, mask_id: int, candidates: torch.Ten
     return {offset + j: TokenLogprob(int(candidates[0, j]), float(chosen[0, j]),
                                      tuple(zip(ids[0, j].tolist(), values[0, j].tolist())))
             for j in commit[0].nonzero().flatten().tolist()}
+
+
+def finished_result(lm, canvas: torch.Tensor, prompt_length: int, end: int, stopped: bool, stop_at_eos: bool,
+                    num_blocks: int, num_steps: int, logprobs_at: dict[int, TokenLogprob] | None) -> ReferenceResult:
+    """The oracle's result: the canvas's answer columns ``[prompt_length, end)`` trimmed at the first stop
+    token, with the log-probabilities of those tokens when they were recorded."""
+    token_ids = trim_at_stop(canvas[0, prompt_length:end].tolist(), lm.special_ids.stop_ids)
+    return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped and stop_at_eos else "length",
+                           num_blocks=num_blocks, num_steps=num_steps,
+                           logprobs=None if logprobs_at is None else [logprobs_at[i] for i in range(len(token_ids))])
+
+
+def block_stops(lm, canvas: torch.Tensor, start: int, end: int) -> bool:
+    """Whether canvas columns ``[start, end)`` hold a stop token."""
+    return any(int(token) in lm.special_ids.stop_ids for token in canvas[0, start:end])

@@ -71,6 +71,17 @@ class WeightNames:
         return None
 
 
+# Qwen-style checkpoints (Dream's Qwen2, SDAR's Qwen3): theirs -> ours within a layer, and the top level
+QWEN_LAYER_NAMES = {
+    "input_layernorm.weight": "input_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    **{f"self_attn.{p}_proj.weight": f"attention.{p}_proj.weight" for p in ("q", "k", "v", "o")},
+    **{f"mlp.{p}_proj.weight": f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+}
+QWEN_TOP_NAMES = {"model.embed_tokens.weight": "embed_tokens.weight", "model.norm.weight": "norm.weight",
+                  "lm_head.weight": "lm_head.weight"}
+
+
 def read_json(path: Path) -> dict:
     if not path.is_file():
         return {}

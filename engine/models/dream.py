@@ -15,7 +15,7 @@ Where the mapping comes from:
 """
 from __future__ import annotations
 
-from engine.models.checkpoint import WeightNames
+from engine.models.checkpoint import QWEN_LAYER_NAMES, QWEN_TOP_NAMES, WeightNames
 from engine.models.config import TransformerConfig
 
 FAMILY = "dream"
@@ -23,24 +23,8 @@ LOGIT_SHIFT = 1
 END_OF_TURN_TOKEN = "<|im_end|>"
 MASK_TOKEN = "<|mask|>"
 
-WEIGHT_NAMES = WeightNames(layer_prefix="model.layers.", dropped=("rotary_emb",), layer={
-    "input_layernorm.weight": "input_norm.weight",
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "self_attn.q_proj.weight": "attention.q_proj.weight",
-    "self_attn.k_proj.weight": "attention.k_proj.weight",
-    "self_attn.v_proj.weight": "attention.v_proj.weight",
-    "self_attn.q_proj.bias": "attention.q_proj.bias",
-    "self_attn.k_proj.bias": "attention.k_proj.bias",
-    "self_attn.v_proj.bias": "attention.v_proj.bias",
-    "self_attn.o_proj.weight": "attention.o_proj.weight",
-    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
-    "mlp.up_proj.weight": "mlp.up_proj.weight",
-    "mlp.down_proj.weight": "mlp.down_proj.weight",
-}, top={
-    "model.embed_tokens.weight": "embed_tokens.weight",
-    "model.norm.weight": "norm.weight",
-    "lm_head.weight": "lm_head.weight",
-})
+WEIGHT_NAMES = WeightNames(layer_prefix="model.layers.", dropped=("rotary_emb",), top=QWEN_TOP_NAMES, layer={
+    **QWEN_LAYER_NAMES, **{f"self_attn.{p}_proj.bias": f"attention.{p}_proj.bias" for p in ("q", "k", "v")}})
 
 
 def is_family(config: dict) -> bool:

@@ -16,7 +16,7 @@ Where the mapping comes from (JetAstra/SDAR ``training/model/SDAR-*-Chat``):
 """
 from __future__ import annotations
 
-from engine.models.checkpoint import WeightNames
+from engine.models.checkpoint import QWEN_LAYER_NAMES, QWEN_TOP_NAMES, WeightNames
 from engine.models.config import TransformerConfig
 
 FAMILY = "sdar"
@@ -26,23 +26,8 @@ DEFAULT_BLOCK_LENGTH = 4
 END_OF_TURN_TOKEN = "<|im_end|>"
 MASK_TOKEN = "<|MASK|>"
 
-WEIGHT_NAMES = WeightNames(layer_prefix="model.layers.", dropped=("rotary_emb",), layer={
-    "input_layernorm.weight": "input_norm.weight",
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "self_attn.q_proj.weight": "attention.q_proj.weight",
-    "self_attn.k_proj.weight": "attention.k_proj.weight",
-    "self_attn.v_proj.weight": "attention.v_proj.weight",
-    "self_attn.o_proj.weight": "attention.o_proj.weight",
-    "self_attn.q_norm.weight": "attention.q_norm.weight",
-    "self_attn.k_norm.weight": "attention.k_norm.weight",
-    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
-    "mlp.up_proj.weight": "mlp.up_proj.weight",
-    "mlp.down_proj.weight": "mlp.down_proj.weight",
-}, top={
-    "model.embed_tokens.weight": "embed_tokens.weight",
-    "model.norm.weight": "norm.weight",
-    "lm_head.weight": "lm_head.weight",
-})
+WEIGHT_NAMES = WeightNames(layer_prefix="model.layers.", dropped=("rotary_emb",), top=QWEN_TOP_NAMES, layer={
+    **QWEN_LAYER_NAMES, **{f"self_attn.{p}_norm.weight": f"attention.{p}_norm.weight" for p in ("q", "k")}})
 
 
 def is_family(config: dict) -> bool:
