@@ -178,3 +178,20 @@ def test_bf16_batched_rows_equal_each_row_alone_in_batch_invariant_mode(name):
     for prompt, param, output in zip(prompts, params, batched):
         alone = BlockServeEngine(lm, config).generate([prompt], [param])[0]
         assert (output.token_ids, output.logprobs) == (alone.token_ids, alone.logprobs)
+
+
+def test_a_compiled_sdar_engine_gives_the_eager_engines_tokens():
+    """Block-causal parts through the compiled, bucketed forward: boxes grow on the right, windows of one
+    or two blocks keep their length."""
+    config = EngineConfig(block_length=BLOCK, decoding="low_confidence_dynamic", steps_per_block=4, max_batch_size=4)
+    eager, compiled = (load_model(FIXTURES / "tiny-sdar", compile=flag) for flag in (False, True))
+    prompts = ordinary_prompts(eager, (5, 6, 7, 8, 9, 13, 3, 1))
+    params = [SamplingParams(max_new_tokens=9 + index % 3 * 4, stop_at_eos=False) for index in range(len(prompts))]
+    expected = [o.token_ids for o in BlockServeEngine(eager, config).generate(prompts, params)]
+    assert [o.token_ids for o in BlockServeEngine(compiled, config).generate(prompts, params)] == expected
+    assert compiled.model.compiled.num_graphs > 0 and not compiled.model.compiled.compile_failures
+
+
+def test_compiling_a_mixture_of_experts_model_is_refused_by_name():
+    with pytest.raises(ValueError, match="compile=True"):
+        BlockServeEngine(load_model(FIXTURES / "tiny-llada2", compile=True), EngineConfig(block_length=BLOCK))

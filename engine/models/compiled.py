@@ -35,7 +35,7 @@ import torch
 
 from engine.models.kv_cache import KVCache
 from engine.models.layers import rotary_tables
-from engine.models.packed_step import PartPlan, StepPlan, additive_mask, rotary_dtype
+from engine.models.packed_step import PartPlan, StepPlan, additive_mask, block_causal_mask, rotary_dtype
 from engine.models.step_inputs import RefreshPart, WindowPart
 
 WIDTH_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
@@ -89,26 +89,30 @@ def raise_recompile_limits(graphs: int) -> None:
 
 @torch.compiler.nested_compile_region
 def _layer(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns,
-           rows: int, length: int, context_rows: int, context_start: int) -> torch.Tensor:
+           rows: int, length: int, context_rows: int, context_start: int, context_end: int) -> torch.Tensor:
     """One layer over one part (``rows`` x ``length`` tokens), as eager runs it: ``context_rows`` 0,
-    the part attends to its own keys; else to cache slots ``[0, context_rows)`` from ``context_start``."""
+    the part attends to its own keys; else to cache slots ``[0, context_rows)``, columns
+    ``[context_start, context_end)``."""
     write = (write_slots, slice(None), slice(None), write_columns) if kv_layer is not None else None
-    context = (kv_layer[:context_rows, :, :, context_start:kv_layer.shape[3] - 1],) if context_rows else None
+    context = (kv_layer[:context_rows, :, :, context_start:context_end],) if context_rows else None
     plan = StepPlan([PartPlan(rows, length, 0, mask, write, context)], cos, signed_sin, (kv_layer,))
     return layer(x, plan, 0)
 
 
-def _forward(model, tokens, positions, key_mask, kv, write_slots, write_columns,
-             rows: int, length: int, context_rows: int, context_start: int) -> torch.Tensor:
-    """Embedding, rotary tables, mask and every layer of one bucketed part: ``[rows * length, hidden]``."""
+def _forward(model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns,
+             rows: int, length: int, context_rows: int, context_start: int, context_end: int,
+             block_size: int | None) -> torch.Tensor:
+    """Embedding, rotary tables, mask and every layer of one bucketed part: ``[rows * length, hidden]``
+    (block-causal masks from the queries' and keys' positions when ``block_size`` is set)."""
     config = model.config
     cos, signed_sin = rotary_tables(positions.reshape(-1), config.rotary_dim, config.rope_theta,
                                     rotary_dtype(model.dtype, config.rope_full_precision))
-    mask = additive_mask(key_mask, model.dtype)
+    mask = (additive_mask(key_mask, model.dtype) if block_size is None else
+            block_causal_mask(key_mask, positions, key_positions, block_size, model.dtype))
     x = model.embed(tokens.reshape(-1))
     for index, layer in enumerate(model.layers):
         x = _layer(layer, x, cos, signed_sin, mask, kv[index] if kv is not None else None,
-                   write_slots, write_columns, rows, length, context_rows, context_start)
+                   write_slots, write_columns, rows, length, context_rows, context_start, context_end)
     return x
 
 
@@ -195,6 +199,8 @@ class CompiledForward:
         rows, length = part.tokens.shape
         padded_rows = bucket(rows, row_cap(part, kv_cache))
         padded_length = bucket(length, kv_cache.width if part.slots is not None else 1 << 30, WIDTH_BUCKETS)
+        if part.block_size is not None:  # left-aligned rows: the box grows on the right
+            return padded_rows, padded_length, 0
         grow = padded_length - length
         if part.slots is not None and part.first_column - grow < 0:
             grow = part.first_column
@@ -206,6 +212,8 @@ class CompiledForward:
         window, or a prefix window in each row's last block) keeps its length."""
         rows, length = part.tokens.shape
         padded_rows = bucket(rows, kv_cache.data.shape[1])
+        if part.block_size is not None:  # a block, or a finished block and the next: two lengths
+            return padded_rows, length, bucket(part.context_end, kv_cache.width, WIDTH_BUCKETS)
         padded_length = length if length <= part.num_read + 1 else bucket(length, 1 << 30, WIDTH_BUCKETS)
         context = bucket(kv_cache.width - part.context_start, kv_cache.width, WIDTH_BUCKETS)
         return padded_rows, padded_length, context
@@ -213,37 +221,45 @@ class CompiledForward:
     def _refresh(self, part: RefreshPart, kv_cache: KVCache | None) -> torch.Tensor:
         rows, length = part.tokens.shape
         padded_rows, padded_length, grow = self._refresh_shape(part, kv_cache)
-        tokens = _pad(part.tokens, padded_rows, grow, 0)
-        positions = _pad(part.positions, padded_rows, grow, 0)
-        key_mask = _pad(part.key_mask, padded_rows, grow, False)
+        tokens = _pad(part.tokens, padded_rows, grow, 0, padded_length)
+        positions = _pad(part.positions, padded_rows, grow, 0, padded_length)
+        key_mask = _pad(part.key_mask, padded_rows, grow, False, padded_length)
         key_mask[rows:, -1] = True  # a padding row sees one key: finite, and dropped
         write_slots = write_columns = None
-        if part.slots is not None:
+        if part.slots is not None:  # columns past a left-aligned box are canvas its rows rewrite before reading
             write_slots = _pad(part.slots[:, None], padded_rows, 0, 0)
-            columns = torch.arange(part.first_column - grow, part.first_column + length, device=tokens.device)
+            first = part.first_column - grow
+            columns = torch.arange(first, first + padded_length, device=tokens.device)
             write_columns = columns.expand(padded_rows, -1).clone()
             write_columns[rows:] = kv_cache.width  # padding rows write the scratch column only
-        x = self._layers(tokens, positions, key_mask, kv_cache if part.slots is not None else None,
-                         write_slots, write_columns, padded_rows, padded_length, 0, 0, "refresh")
-        hidden = x.view(padded_rows, padded_length, -1)[:rows, grow:]
+        x = self._layers(tokens, positions, key_mask, positions, kv_cache if part.slots is not None else None,
+                         write_slots, write_columns, padded_rows, padded_length, (0, 0, 0), part.block_size,
+                         "refresh")
+        hidden = x.view(padded_rows, padded_length, -1)[:rows, grow:grow + length]
         return self._read(part, hidden)
 
     def _window(self, part: WindowPart, kv_cache: KVCache) -> torch.Tensor:
         rows, length = part.tokens.shape
         padded_rows, padded_length, context = self._window_shape(part, kv_cache)
-        start = kv_cache.width - context
+        start, end = (0, context) if part.block_size is not None else (kv_cache.width - context, kv_cache.width)
         tokens = _pad(part.tokens, padded_rows, 0, 0, padded_length)
         positions = _pad(part.positions, padded_rows, 0, 0, padded_length)
         write_slots = torch.arange(padded_rows, device=tokens.device)[:, None]
         write_columns = _pad(part.columns, padded_rows, 0, kv_cache.width, padded_length)  # pads: scratch
-        key_mask = kv_cache.key_mask[:padded_rows, start:kv_cache.width].clone()
-        key_mask[rows:, -1] = True  # padding rows (free or refreshing slots) see one key, are dropped
-        x = self._layers(tokens, positions, key_mask, kv_cache, write_slots, write_columns, padded_rows,
-                         padded_length, padded_rows, start, "window")
+        key_mask = kv_cache.key_mask[:padded_rows, start:end].clone()
+        key_positions = None
+        if part.block_size is not None:  # columns past the rows' active blocks are never keys
+            key_mask[:, part.context_end:] = False
+            key_positions = _pad(part.key_positions, padded_rows, 0, 0, context)
+        key_mask[rows:] = False
+        key_mask[rows:, -1 if part.block_size is None else 0] = True  # padding rows see one key, are dropped
+        x = self._layers(tokens, positions, key_mask, key_positions, kv_cache, write_slots, write_columns,
+                         padded_rows, padded_length, (padded_rows, start, end), part.block_size, "window")
         return self._read(part, x.view(padded_rows, padded_length, -1)[:rows])
 
-    def _layers(self, tokens, positions, key_mask, kv_cache, write_slots, write_columns, rows, length,
-                context_rows, context_start, kind) -> torch.Tensor:
+    def _layers(self, tokens, positions, key_mask, key_positions, kv_cache, write_slots, write_columns, rows,
+                length, context: tuple[int, int, int], block_size: int | None, kind) -> torch.Tensor:
+        """``context``: (rows, first column, end column) of the cache a window reads; (0, 0, 0): none."""
         self.shapes.add((kind, rows, length, key_mask.shape[1]))
         kv = kv_cache.data if kv_cache is not None else None
         if self.cuda_graphs:
@@ -251,8 +267,8 @@ class CompiledForward:
                 torch._dynamo.mark_static_address(kv)  # captured graphs write the cache in place
                 self.static_caches.add(id(kv))
             torch.compiler.cudagraph_mark_step_begin()  # earlier outputs were copied out (see _read)
-        return self.forward(self.model, tokens, positions, key_mask, kv, write_slots, write_columns,
-                            rows, length, context_rows, context_start)
+        return self.forward(self.model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns,
+                            rows, length, *context, block_size)
 
     def _read(self, part: RefreshPart | WindowPart, hidden: torch.Tensor) -> torch.Tensor:
         """The part's hidden states, as a tensor of its own (a captured graph's output is overwritten
