@@ -68,6 +68,9 @@ EXPERIMENTS: dict[str, Experiment] = {
     "throughput": Experiment("benchmarks.throughput", SCALE_FLAG, OUT_DIR, True,
                              "continuous/block_sync/static/shrink on the replays: CPU measured, H200 projected "
                              "(host model)"),
+    "block-causal": Experiment("benchmarks.block_causal", SCALE_FLAG, OUT_DIR, False,
+                               "SDAR-8B and LLaDA2.0-mini shapes on the HumanEval replay: continuous vs a batch-1 "
+                               "loop, H200 projected"),
     "gpu": Experiment("benchmarks.gpu", ScaleArgs(("--smoke",), ("--requests", "32")), OutArg(required=True), False,
                       "the one prepared GPU run (``--smoke``: the same path on the CPU, CI)"),
     "host-model": Experiment("benchmarks.measure_host", ScaleArgs(smoke=("--deep-layers", "4")), None, True,

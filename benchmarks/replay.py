@@ -64,7 +64,11 @@ class ReplayWorkload:
     profile: CommitProfile | None = LLADA_THRESHOLD_09
 
     def steered(self, lm: DiffusionLM, seed: int = 0) -> DiffusionLM:
-        model = SteeredModel(lm.model, logit_shift=lm.logit_shift, mask_id=lm.special_ids.mask_id,
+        """``lm`` wrapped in the steering (a block-causal family's knows rows by their cached keys)."""
+        from benchmarks.steering_block_causal import BlockCausalSteeredModel
+
+        steering = BlockCausalSteeredModel if lm.attention == "block_causal" else SteeredModel
+        model = steering(lm.model, logit_shift=lm.logit_shift, mask_id=lm.special_ids.mask_id,
                              eos_id=lm.special_ids.eos_id, stop_ids=lm.special_ids.stop_ids,
                              prompt_lengths=[len(p) for p in self.prompt_token_ids],
                              answer_lengths=self.answer_lengths,
@@ -110,10 +114,14 @@ def replay(name: str, lm: DiffusionLM, count: int | None = None, profile: str = 
     if count is not None:
         prompts, lengths = prompts[:count], lengths[:count]
     prompts, shift = distinct_widths(lm, prompts, keep, seed)
+    if lm.attention == "block_causal":  # its steering knows a request by its first two prompt tokens
+        from benchmarks.steering_block_causal import tag_prompts
+
+        prompts = tag_prompts(prompts, ordinary_tokens(lm))
     lengths = [min(length, CANVAS_TOKENS - 1) for length in lengths]
     commit_profile = profile_named(profile)
     params = [SamplingParams(max_new_tokens=CANVAS_TOKENS, temperature=0.0)] * len(prompts)
-    blocks = [blocks_needed(length + 1, 32) for length in lengths]
+    blocks = [blocks_needed(length + 1, lm.block_length or 32) for length in lengths]
     notes |= {"requests": len(prompts), "canvas_tokens": CANVAS_TOKENS, "prompt_widths": widths,
               "commit_profile": profile, "commit_profile_mean": commit_profile.mean if commit_profile else None,
               "answer_tokens_median": median(lengths), "answer_tokens_max": max(lengths),
@@ -126,10 +134,15 @@ def replay(name: str, lm: DiffusionLM, count: int | None = None, profile: str = 
 
 def synthetic_prompts(lm: DiffusionLM, widths: list[int], seed: int) -> list[list[int]]:
     """Seeded ordinary token ids (no special token), one prompt of each width, all distinct."""
-    special = {lm.special_ids.mask_id, lm.special_ids.pad_id, *lm.special_ids.stop_ids}
-    ordinary = [token for token in range(min(lm.vocab_size, 30_000)) if token not in special]
+    ordinary = ordinary_tokens(lm)
     generator = random.Random(seed)
     return [[generator.choice(ordinary) for _ in range(width)] for width in widths]
+
+
+def ordinary_tokens(lm: DiffusionLM) -> list[int]:
+    """Token ids below 30,000 that are no special token (MASK, pad, stop)."""
+    special = {lm.special_ids.mask_id, lm.special_ids.pad_id, *lm.special_ids.stop_ids}
+    return [token for token in range(min(lm.vocab_size, 30_000)) if token not in special]
 
 
 def distinct_widths(lm: DiffusionLM, prompts: list[list[int]], keep: int, seed: int) -> tuple[list[list[int]], float]:

@@ -269,3 +269,31 @@ def test_steering_reads_nothing_back_to_the_host(monkeypatch):
             syncs.clear()
             steered.logits(steered.forward_step(refresh, window, kv_cache))
         assert len(syncs) == base, f"steering added host syncs: {syncs}"
+
+
+def test_block_causal_replay_steers_both_families_and_derives_their_own_loops():
+    from benchmarks.block_causal import FAMILIES, replay_model, torch_threads
+    from benchmarks.own_generate import OWN_GENERATE
+    from benchmarks.replay import replay
+    from benchmarks.systems import run_system
+
+    for name, family in FAMILIES.items():
+        lm = replay_model(family)  # LLaDA2's: 256 experts, 8 a token, as LLaDA2.0-mini routes
+        workload, runs = replay("humaneval", lm, 4), {}
+        for size in (3, 1):
+            steered = workload.steered(lm)  # rows known by their first prompt keys, not by their widths
+            with torch_threads(1):
+                runs[size] = run_system(steered, "continuous", workload.workload, max_batch_size=size, **family.engine)
+            assert [r["output_tokens"] for r in runs[size].requests] == workload.answer_lengths
+            experts = steered.model.experts_per_forward()
+            assert (experts is None) == (name == "sdar-8b")
+            assert experts is None or (len(experts) == len(runs[size].extra["trace"]) and 8 <= min(experts)
+                                       and max(experts) <= 256)
+        assert runs[3].extra["outputs_digest"] == runs[1].extra["outputs_digest"]
+        engine, blocks = runs[1].extra["trace"], sum(r["num_blocks"] for r in runs[1].requests)
+        own = OWN_GENERATE[family.shape](engine, family.engine["block_length"])
+        if name == "sdar-8b":  # and a prefill per request and a store forward per block
+            assert len(own) == len(engine) + 4 + blocks and sum(r.logit_positions for r in own) > 4 * len(own)
+        else:  # one cacheless forward per step, logits at every position
+            assert len(own) == len(engine) and all(r.kind == "refresh" and r.logit_positions == r.refresh_width
+                                                   for r in own)

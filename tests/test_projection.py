@@ -1,13 +1,15 @@
 """The GPU projection: model arithmetic, roofline of one call, a whole trace, and calibration."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from benchmarks.perfmodel.calibration_fit import calibration_rows, fit_constants
-from benchmarks.perfmodel.hardware import DEVICES, DREAM_7B, H200_SXM, LLADA_8B, MODELS
+from benchmarks.perfmodel.hardware import DEVICES, DREAM_7B, H200_SXM, LLADA2_MINI, LLADA_8B, MODELS, SDAR_8B
+from benchmarks.perfmodel.moe import expected_experts_touched, scaled_experts_touched
 from benchmarks.perfmodel.projection import (
     DEFAULT_SOURCE,
     Constants,
@@ -59,10 +61,19 @@ def test_kv_cache_bytes_per_token():
 
 
 def test_every_model_fits_on_every_device():
-    assert set(DEVICES) == {"h200", "h100", "a100"} and set(MODELS) == {"llada-8b", "dream-7b"}
+    assert set(DEVICES) == {"h200", "h100", "a100"}
+    assert set(MODELS) == {"llada-8b", "dream-7b", "sdar-8b", "llada2-mini"}
     for device in DEVICES.values():
         for model in MODELS.values():
             assert model.weight_bytes < device.memory_bytes
+
+
+def test_block_causal_shapes_cache_their_kv_heads_and_count_every_expert():
+    assert SDAR_8B.kv_bytes_per_token == 144 * 1024  # 36 layers x K,V x 8 x 128 x 2 bytes
+    assert LLADA2_MINI.kv_bytes_per_token == 40 * 1024  # 20 layers x K,V x 4 x 128 x 2 bytes
+    embeddings_and_head = 2 * LLADA2_MINI.lm_head_params  # the model card's "16B total, 1.4B active"
+    assert LLADA2_MINI.block_params + embeddings_and_head == pytest.approx(16.3e9, rel=0.01)
+    assert LLADA2_MINI.active_block_params + embeddings_and_head == pytest.approx(1.4e9, rel=0.03)
 
 
 # --- one call ---------------------------------------------------------------------------------------
@@ -112,6 +123,35 @@ def test_packing_streams_the_weights_once_and_saves_when_the_window_part_is_memo
     assert whole.flops == pytest.approx(sum(part.flops for part in parts))
     assert sum(part.bytes for part in parts) - whole.bytes == pytest.approx(LLADA_8B.weight_bytes)
     assert whole.time_s < sum(part.time_s for part in parts)
+
+
+def test_an_moe_forward_reads_only_the_experts_it_touched():
+    record, peaks = window(rows=1), DATASHEET_PEAKS
+    few, every = (forward_cost(record, LLADA2_MINI, H200_SXM, peaks, experts=n) for n in (40, 256))
+    assert every.bytes - few.bytes == (256 - 40) * 19 * LLADA2_MINI.expert_params * 2  # 19 MoE layers, bf16
+    assert few.flops == every.flops and few.time_s < every.time_s  # a token multiplies through its 8 either way
+    expected = forward_cost(record, LLADA2_MINI, H200_SXM, peaks, experts=expected_experts_touched(32, 256, 8))
+    assert forward_cost(record, LLADA2_MINI, H200_SXM, peaks).bytes == expected.bytes  # no count: uniform routing
+    assert project([record], 32, LLADA2_MINI, H200_SXM, peaks, experts=[40])["total_s"] == few.time_s
+
+
+def test_expected_experts_of_uniform_routing_and_a_replay_models_count_carried_over():
+    assert expected_experts_touched(1, 256, 8) == pytest.approx(8)
+    assert expected_experts_touched(32, 256, 8) == pytest.approx(256 * (1 - (1 - 8 / 256) ** 32))
+    assert scaled_experts_touched(77.0, 32, 256, 8, 256, 8) == pytest.approx(77.0)  # same routing: the count
+    half_spread = scaled_experts_touched(0.5 * expected_experts_touched(5, 8, 2), 5, 8, 2, 256, 8)
+    assert half_spread == pytest.approx(0.5 * expected_experts_touched(5, 256, 8))
+
+
+def test_a_block_causal_trace_has_prefills_and_windows_and_no_refresh_cost():
+    trace = [refresh(rows=4, width=128), window(4, tokens=8, context=132), window(4, tokens=4, context=132),
+             packed(1, 3, 132)]
+    result = project(trace, 64, SDAR_8B, H200_SXM, default_constants(H200_SXM))
+    assert result["refresh_s"] == 0 and result["prefill_s"] > 0 and result["window_s"] > 0
+    assert result["prefill_s"] + result["window_s"] == pytest.approx(result["total_s"])
+    full_attention = project(trace, 64, dataclasses.replace(SDAR_8B, block_length=None), H200_SXM,
+                             default_constants(H200_SXM))
+    assert full_attention["total_s"] == result["total_s"] and full_attention["prefill_s"] == 0
 
 
 # --- a trace ----------------------------------------------------------------------------------------

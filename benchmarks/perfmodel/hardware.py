@@ -67,12 +67,16 @@ DEVICES: dict[str, Device] = {"h200": H200_SXM, "h100": H100_SXM, "a100": A100_S
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
-    """A dense transformer's shapes, enough to count parameters, FLOPs and bytes per forward.
+    """A transformer's shapes, dense or mixture-of-experts, enough to count parameters, FLOPs and bytes.
 
-    Blocks: attention q (hidden x heads*head_dim), k and v (hidden x kv_heads*head_dim each, + bias when
-    ``qkv_bias``), o (heads*head_dim x hidden); SwiGLU gate, up, down (hidden x intermediate each).
+    Attention: q (hidden x heads*head_dim), k and v (hidden x kv_heads*head_dim each, + bias when
+    ``qkv_bias``), o (heads*head_dim x hidden). A dense layer's MLP is a SwiGLU: gate, up, down (hidden x
+    intermediate each). With ``experts`` set, layers from ``dense_layers`` on are MoE layers instead: a
+    router (hidden x experts), ``experts`` routed SwiGLUs of width ``moe_intermediate`` of which a token
+    takes ``experts_per_token``, and one shared SwiGLU of width ``shared_experts x moe_intermediate``.
     Norm weights are ignored (< 0.01% of the bytes). The embedding is a gather of the rows' tokens,
-    never streamed whole, so it is not in ``weight_bytes``; the LM head is (untied in both models).
+    never streamed whole, so it is not in ``weight_bytes``; the LM head is (untied in every model here).
+    ``block_length`` is a block-causal family's block (None: a full-attention family).
     """
 
     name: str
@@ -85,18 +89,49 @@ class ModelShape:
     vocab: int
     qkv_bias: bool = False
     bytes_per_param: int = 2  # bf16
+    experts: int = 0  # routed experts of an MoE layer (0: a dense model)
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
+    shared_experts: int = 0
+    dense_layers: int = 0  # first_k_dense_replace: the leading layers that keep the dense MLP
+    block_length: int | None = None
+
+    @property
+    def attention_params(self) -> int:
+        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        bias = (q_width + 2 * kv_width) if self.qkv_bias else 0
+        return self.hidden * q_width + 2 * self.hidden * kv_width + q_width * self.hidden + bias
 
     @property
     def layer_params(self) -> int:
-        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        attention = self.hidden * q_width + 2 * self.hidden * kv_width + q_width * self.hidden
-        bias = (q_width + 2 * kv_width) if self.qkv_bias else 0
-        return attention + bias + 3 * self.hidden * self.intermediate
+        """A dense layer: attention and the dense SwiGLU."""
+        return self.attention_params + 3 * self.hidden * self.intermediate
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.experts else 0
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert's SwiGLU (gate, up, down)."""
+        return 3 * self.hidden * self.moe_intermediate
+
+    def streamed_block_params(self, experts_read: float) -> float:
+        """Parameters of all blocks when each MoE layer reads ``experts_read`` of its routed experts."""
+        moe_layer = (self.attention_params + self.hidden * self.experts
+                     + (self.shared_experts + experts_read) * self.expert_params)
+        return (self.layers - self.moe_layers) * self.layer_params + self.moe_layers * moe_layer
 
     @property
     def block_params(self) -> int:
-        """Parameters of all transformer blocks (what every forward token multiplies through)."""
-        return self.layers * self.layer_params
+        """Parameters of all transformer blocks, every routed expert included (what the weights occupy)."""
+        return round(self.streamed_block_params(self.experts))
+
+    @property
+    def active_block_params(self) -> int:
+        """The block parameters one token multiplies through: its ``experts_per_token`` routed experts
+        only (= ``block_params`` for a dense model)."""
+        return round(self.streamed_block_params(self.experts_per_token))
 
     @property
     def lm_head_params(self) -> int:
@@ -109,15 +144,15 @@ class ModelShape:
 
     @property
     def block_flops_per_token(self) -> int:
-        """2 x block params: the linear-layer FLOPs of one forward token (what the projection uses;
+        """2 x active block params: the linear-layer FLOPs of one forward token (what the projection uses;
         the LM head is charged only at ``logit_positions``, attention separately)."""
-        return 2 * self.block_params
+        return 2 * self.active_block_params
 
     @property
     def flops_per_token(self) -> int:
-        """2 x (block + LM head) params: the usual "FLOPs per token" of a dense LM (~15.0e9 for LLaDA-8B,
+        """2 x (active block + LM head) params: the usual "FLOPs per token" (~15.0e9 for LLaDA-8B,
         design doc section 7). Informational: it assumes logits at every position."""
-        return 2 * (self.block_params + self.lm_head_params)
+        return 2 * (self.active_block_params + self.lm_head_params)
 
     @property
     def attention_flops_per_query_key(self) -> int:
@@ -140,4 +175,18 @@ LLADA_8B = ModelShape("LLaDA-8B-Instruct", layers=32, hidden=4096, heads=32, kv_
 DREAM_7B = ModelShape("Dream-v0-Instruct-7B", layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128,
                       intermediate=18944, vocab=152064, qkv_bias=True)
 
-MODELS: dict[str, ModelShape] = {"llada-8b": LLADA_8B, "dream-7b": DREAM_7B}
+# Sources: JetLM/SDAR-8B-Chat config.json (Qwen3-8B shapes: num_hidden_layers 36, hidden_size 4096,
+# num_attention_heads 32, num_key_value_heads 8, head_dim 128, intermediate_size 12288, vocab_size 151936,
+# attention_bias false, tie_word_embeddings false, block_size 4) and inclusionAI/LLaDA2.0-mini config.json
+# (num_hidden_layers 20, hidden_size 2048, num_attention_heads 16, num_key_value_heads 4, head_dim 128,
+# first_k_dense_replace 1, intermediate_size 5120, num_experts 256, num_experts_per_tok 8,
+# moe_intermediate_size 512, num_shared_experts 1, vocab_size 157184, use_qkv_bias false,
+# tie_word_embeddings false; block 32: SGLang's dllm/config.py). docs/plans/block_causal.md cites both.
+SDAR_8B = ModelShape("SDAR-8B-Chat", layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128,
+                     intermediate=12288, vocab=151936, block_length=4)
+LLADA2_MINI = ModelShape("LLaDA2.0-mini", layers=20, hidden=2048, heads=16, kv_heads=4, head_dim=128,
+                         intermediate=5120, vocab=157184, experts=256, experts_per_token=8, moe_intermediate=512,
+                         shared_experts=1, dense_layers=1, block_length=32)
+
+MODELS: dict[str, ModelShape] = {"llada-8b": LLADA_8B, "dream-7b": DREAM_7B, "sdar-8b": SDAR_8B,
+                                 "llada2-mini": LLADA2_MINI}
