@@ -189,7 +189,13 @@ def _record(batch: PersistentBatch, refresh: Sequence[Request], window: Sequence
         window_context=((window_part.context_end or batch.width) - window_part.context_start
                         if window_part is not None else 0),
         logit_positions=(len(refresh) + len(window)) * batch.block_length,
-        real_tokens=sum(r.width for r in (*refresh, *window)))
+        real_tokens=sum(_real_columns(batch, r) for r in (*refresh, *window)))
+
+
+def _real_columns(batch: PersistentBatch, request: Request) -> int:
+    """A row's real columns in the step's box: its whole width, or for a block-causal row the columns
+    up to its active block's end (the box it is computed in stops there)."""
+    return batch.block_start(request) + batch.block_length if batch.block_causal else request.width
 
 
 def _slot(request: Request) -> int:

@@ -195,3 +195,9 @@ def test_a_compiled_sdar_engine_gives_the_eager_engines_tokens():
 def test_compiling_a_mixture_of_experts_model_is_refused_by_name():
     with pytest.raises(ValueError, match="compile=True"):
         BlockServeEngine(load_model(FIXTURES / "tiny-llada2", compile=True), EngineConfig(block_length=BLOCK))
+
+
+def test_the_padding_of_a_block_causal_step_counts_the_columns_up_to_each_rows_active_block(lm):
+    engine = BlockServeEngine(lm, EngineConfig(block_length=BLOCK, decoding="low_confidence", max_batch_size=4))
+    engine.generate(ordinary_prompts(lm, (3, 9, 14, 22), seed=7), SamplingParams(max_new_tokens=12, stop_at_eos=False))
+    assert 0.0 <= engine.stats().padding_fraction < 1.0
