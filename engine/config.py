@@ -268,9 +268,6 @@ def check_family_settings(config: EngineConfig, lm) -> None:
     if config.cache != "dual":
         raise ValueError(f"EngineConfig.cache: {config.cache!r} is a cache mode of full-attention families; "
                          f"{family} attends block-causally and caches each finished block: leave cache at 'dual'")
-    if lm.options.compile and lm.model.config.moe is not None:
-        raise ValueError(f"load_model(compile=True) is not supported for mixture-of-experts models ({family}) yet: "
-                         "the compiled expert layer does not reproduce the eager one; load the model without it")
     if config.decoding == "dream":
         raise ValueError(f"EngineConfig.decoding: 'dream' is Dream's sampler over a whole canvas; {family} decodes "
                          f"block by block: use low_confidence_dynamic, low_confidence, threshold or quota")

@@ -128,9 +128,10 @@ def guards_but_later_layers(guards) -> list[bool]:
 
 
 @functools.cache
-def compiled_forward(cuda_graphs: bool):
+def compiled_forward(cuda_graphs: bool, uniform_layers: bool = True):
     """One compiled ``_forward`` per process and mode: every model and engine shares its graphs'
-    cache (a new ``torch.compile`` wrapper would compile them all again)."""
+    cache (a new ``torch.compile`` wrapper would compile them all again). Layers 1 and up keep their
+    guards when the layers differ (a dense first layer before mixture-of-experts ones)."""
     options = {
         # a fused kernel rounds where eager rounds (a half-precision model's norm casts back before its
         # scale, as LLaDA's code does), so bf16 logits match eager's, not approximate them
@@ -138,8 +139,8 @@ def compiled_forward(cuda_graphs: bool):
         # no size/stride asserts in the generated wrapper: ~15 Python calls a layer, every step; the
         # shapes are fixed by the bucket and checked by the guards already
         "size_asserts": False,
-        "guard_filter_fn": guards_but_later_layers,
-    } | ({"triton.cudagraphs": True} if cuda_graphs else {})
+    } | ({"guard_filter_fn": guards_but_later_layers} if uniform_layers else {}) | (
+        {"triton.cudagraphs": True} if cuda_graphs else {})
     return torch.compile(_forward, dynamic=False, fullgraph=True, options=options)
 
 
@@ -149,7 +150,8 @@ class CompiledForward:
     def __init__(self, model):
         self.model = model
         self.cuda_graphs = model.embed_tokens.weight.device.type == "cuda"
-        self.forward = compiled_forward(self.cuda_graphs)
+        moe = model.config.moe
+        self.forward = compiled_forward(self.cuda_graphs, moe is None or moe.first_k_dense_replace == 0)
         self.static_caches: set[int] = set()
         self.shapes: set[tuple] = set()  # the bucketed shapes compiled so far: one graph each
         self.eager_shapes: dict[tuple, str] = {}  # shapes whose compilation failed -> the cause
