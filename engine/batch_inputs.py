@@ -189,7 +189,15 @@ def _record(batch: PersistentBatch, refresh: Sequence[Request], window: Sequence
         window_context=((window_part.context_end or batch.width) - window_part.context_start
                         if window_part is not None else 0),
         logit_positions=(len(refresh) + len(window)) * batch.block_length,
-        real_tokens=sum(_real_columns(batch, r) for r in (*refresh, *window)))
+        real_tokens=sum(_real_columns(batch, r) for r in (*refresh, *window)),
+        refresh_pad_tokens=_pad_tokens(refresh_part.tokens, refresh_part.row_widths) if refresh_part else 0,
+        window_pad_tokens=_pad_tokens(window_part.tokens, window_part.row_tokens) if window_part else 0)
+
+
+def _pad_tokens(box: torch.Tensor, row_tokens: tuple[int, ...]) -> int:
+    """Positions of a part's box ``[rows, length]`` that hold no real token (``row_tokens``: () when
+    every row fills it)."""
+    return box.numel() - sum(row_tokens) if row_tokens else 0
 
 
 def _real_columns(batch: PersistentBatch, request: Request) -> int:

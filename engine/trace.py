@@ -6,6 +6,7 @@ forwards (``engine.models.compiled``).
 
 * refresh: full rows, the first denoising step of each row's block; ``refresh_width`` tokens per row,
   each attending to the same ``refresh_width`` columns (the part's bounding box, padding included).
+  The linear layers see only the real ones (``forward_tokens``).
 * window: cached steps; ``window_tokens`` tokens per row (the block, plus the column before it for a
   shifted family, or the block to the row's end with a prefix cache), attending to ``window_context``
   cached columns.
@@ -24,6 +25,8 @@ class ForwardRecord:
     window_context: int = 0  # keys each window token attends to (padding included)
     logit_positions: int = 0  # positions whose vocabulary logits were computed
     real_tokens: int = 0  # non-pad tokens of the rows computed (prompt + canvas)
+    refresh_pad_tokens: int = 0  # box positions of the refresh part with no real token (packed away)
+    window_pad_tokens: int = 0  # the same for the window part
 
     @property
     def kind(self) -> str:
@@ -37,8 +40,10 @@ class ForwardRecord:
 
     @property
     def forward_tokens(self) -> int:
-        """Tokens that went through the linear layers."""
-        return self.refresh_rows * self.refresh_width + self.window_rows * self.window_tokens
+        """Tokens that went through the linear layers: the parts' boxes less their pad positions (an
+        eager forward packs each row's real tokens; attention alone sees the boxes)."""
+        return (self.refresh_rows * self.refresh_width + self.window_rows * self.window_tokens
+                - self.refresh_pad_tokens - self.window_pad_tokens)
 
     @property
     def bounding_box_tokens(self) -> int:

@@ -211,3 +211,30 @@ def test_the_padding_of_a_block_causal_step_counts_the_columns_up_to_each_rows_a
     engine = BlockServeEngine(lm, EngineConfig(block_length=BLOCK, decoding="low_confidence", max_batch_size=4))
     engine.generate(ordinary_prompts(lm, (3, 9, 14, 22), seed=7), SamplingParams(max_new_tokens=12, stop_at_eos=False))
     assert 0.0 <= engine.stats().padding_fraction < 1.0
+
+
+def test_only_each_rows_real_tokens_go_through_the_linear_layers(lm, monkeypatch):
+    """A window row that rewrites its finished block is two blocks long and the others one; prompts of
+    different lengths prefill boxes of different widths. The linear layers see the real tokens alone,
+    packed, never a row padded to the longest one."""
+    from engine.models.transformer import BidirectionalTransformer
+
+    seen, real, boxes = [], [], []
+    forward = BidirectionalTransformer.forward_step_eager
+
+    def counting(model, refresh, window, kv_cache):
+        parts = [(refresh, refresh and refresh.row_widths), (window, window and window.row_tokens)]
+        real.append(sum(sum(tokens) for part, tokens in parts if part is not None))
+        boxes.append(sum(part.tokens.numel() for part, _ in parts if part is not None))
+        return forward(model, refresh, window, kv_cache)
+
+    monkeypatch.setattr(BidirectionalTransformer, "forward_step_eager", counting)
+    engine = BlockServeEngine(lm, EngineConfig(block_length=BLOCK, decoding="low_confidence_dynamic",
+                                               steps_per_block=4, threshold=0.9, max_batch_size=4))
+    hook = lm.model.layers[0].attention.qkv_proj.register_forward_hook(lambda _, args, out: seen.append(len(args[0])))
+    try:
+        engine.generate(ordinary_prompts(lm, (3, 9, 14, 22), seed=7), SamplingParams(max_new_tokens=12))
+    finally:
+        hook.remove()
+    assert seen == real and sum(real) < sum(boxes)
+    assert sum(record.forward_tokens for record in engine.stats_collector.trace) == sum(real)

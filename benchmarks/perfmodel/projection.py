@@ -195,8 +195,8 @@ def split_two_forwards(record: ForwardRecord) -> tuple[ForwardRecord, ...]:
     refresh_logits = round(record.logit_positions * share)
     refresh_real = round(record.real_tokens * share)
     refresh = dataclasses.replace(record, window_rows=0, window_tokens=0, window_context=0,
-                                  logit_positions=refresh_logits, real_tokens=refresh_real)
-    window = dataclasses.replace(record, refresh_rows=0, refresh_width=0,
+                                  logit_positions=refresh_logits, real_tokens=refresh_real, window_pad_tokens=0)
+    window = dataclasses.replace(record, refresh_rows=0, refresh_width=0, refresh_pad_tokens=0,
                                  logit_positions=record.logit_positions - refresh_logits,
                                  real_tokens=record.real_tokens - refresh_real)
     return refresh, window

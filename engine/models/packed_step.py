@@ -6,9 +6,15 @@ arithmetic and no Python loop over rows or slot runs per layer.
 
 A window part reads the cache as one view: the slots ``[0, rows)`` that hold its rows, columns
 ``[context_start, width)``. One attention call serves every window row, and the cache is never copied.
+
+Only a row's real tokens go through the linear layers: a part whose rows do not all fill its box
+(ragged prompts, a window that also rewrites a finished block) is *packed*, its real tokens row after
+row. Attention alone sees the box: it scatters the packed queries, keys and values into it (pad
+entries zero, never read and masked as keys) and gathers the real outputs back.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -33,10 +39,24 @@ class PartPlan:
     token_spans: tuple[tuple[int, int], ...] = ()  # host: (first packed token, count) of each row's real tokens
     left_aligned: bool = False  # rows' keys and queries from the left (block-causal), else from the right
     row_queries: tuple[int, ...] = ()  # host: row i's real queries (left-aligned windows); (): all of them
+    packed_index: torch.Tensor | None = None  # [tokens] box position (row * length + column) of each packed
+    # token, row after row; None: the part's tokens are its whole box
 
     @property
     def num_tokens(self) -> int:
-        return self.rows * self.length
+        """Tokens of this part in the packed forward: its real tokens, or its whole box."""
+        return self.rows * self.length if self.packed_index is None else self.packed_index.shape[0]
+
+    def to_box(self, packed: torch.Tensor) -> torch.Tensor:
+        """``[num_tokens, ...]`` -> ``[rows * length, ...]``, zeros where the box has no real token."""
+        if self.packed_index is None:
+            return packed
+        box = packed.new_zeros(self.rows * self.length, *packed.shape[1:])
+        return box.index_copy_(0, self.packed_index, packed)
+
+    def from_box(self, box: torch.Tensor) -> torch.Tensor:
+        """``[rows * length, ...]`` -> the packed tokens' rows."""
+        return box if self.packed_index is None else box.index_select(0, self.packed_index)
 
 
 @dataclass
@@ -83,9 +103,27 @@ def plan_step(refresh: RefreshPart | None, window: WindowPart | None, kv_cache: 
     if window is not None:
         parts.append(_window_plan(window, kv_cache, dtype, offset=parts[0].num_tokens if parts else 0))
         positions.append(window.positions)
-    flat = torch.cat([p.reshape(-1) for p in positions]) if len(positions) > 1 else positions[0].reshape(-1)
+    flat = packed_tokens(parts, positions)
     cos, signed_sin = rotary_tables(flat, head_dim, theta, rotary_dtype)
     return StepPlan(parts, cos, signed_sin, kv_cache.layers if kv_cache is not None else None)
+
+
+def packed_tokens(parts: list[PartPlan], boxes: list[torch.Tensor]) -> torch.Tensor:
+    """The packed forward's tokens of per-part boxes ``[rows, length]`` (token ids or positions)."""
+    flat = [part.from_box(box.reshape(-1)) for part, box in zip(parts, boxes)]
+    return torch.cat(flat) if len(flat) > 1 else flat[0]
+
+
+def _pack(spans: list[tuple[int, int]], rows: int, length: int, offset: int,
+          device: torch.device) -> tuple[torch.Tensor | None, tuple[tuple[int, int], ...]]:
+    """The packed index of a part's real tokens (``spans``: each row's first box position and count)
+    and each row's span among the packed tokens; no index when the rows fill the box."""
+    if sum(count for _, count in spans) == rows * length:
+        return None, tuple((offset + start, count) for start, count in spans)
+    index = torch.tensor([position for start, count in spans for position in range(start, start + count)])
+    firsts = [0, *itertools.accumulate(count for _, count in spans)][:-1]
+    return index.to(device, non_blocking=True), tuple((offset + first, count)
+                                                      for first, (_, count) in zip(firsts, spans))
 
 
 def _refresh_plan(part: RefreshPart, dtype: torch.dtype) -> PartPlan:
@@ -96,13 +134,15 @@ def _refresh_plan(part: RefreshPart, dtype: torch.dtype) -> PartPlan:
         write_index = (part.slots[:, None], slice(None), slice(None), columns[None])
     row_keys = part.row_widths or (length,) * rows
     if part.block_size is None:  # rows right-aligned in the box
-        spans = tuple((row * length + length - keys, keys) for row, keys in enumerate(row_keys))
+        spans = [(row * length + length - keys, keys) for row, keys in enumerate(row_keys)]
         mask = additive_mask(part.key_mask, dtype)
     else:  # block-causal rows sit left-aligned (engine.batch)
-        spans = tuple((row * length, keys) for row, keys in enumerate(row_keys))
+        spans = [(row * length, keys) for row, keys in enumerate(row_keys)]
         mask = block_causal_mask(part.key_mask, part.positions, part.positions, part.block_size, dtype)
-    return PartPlan(rows, length, 0, mask, write_index, None, row_keys, tuple(range(rows)), spans,
-                    left_aligned=part.block_size is not None, row_queries=row_keys if part.block_size else ())
+    packed_index, token_spans = _pack(spans, rows, length, 0, part.tokens.device)
+    return PartPlan(rows, length, 0, mask, write_index, None, row_keys, tuple(range(rows)), token_spans,
+                    left_aligned=part.block_size is not None, row_queries=row_keys if part.block_size else (),
+                    packed_index=packed_index)
 
 
 def _window_plan(part: WindowPart, kv_cache: KVCache, dtype: torch.dtype, offset: int) -> PartPlan:
@@ -115,10 +155,12 @@ def _window_plan(part: WindowPart, kv_cache: KVCache, dtype: torch.dtype, offset
     slots = torch.arange(rows, device=part.tokens.device)
     write_index = (slots[:, None], slice(None), slice(None), part.columns)
     row_keys = part.row_widths or (end - start,) * rows
-    spans = tuple((offset + row * length, tokens) for row, tokens in enumerate(part.row_tokens or (length,) * rows))
+    spans = [(row * length, tokens) for row, tokens in enumerate(part.row_tokens or (length,) * rows)]
+    packed_index, token_spans = _pack(spans, rows, length, offset, part.tokens.device)
     left_aligned = part.block_size is not None
-    return PartPlan(rows, length, offset, mask, write_index, context, row_keys, tuple(range(rows)), spans,
-                    left_aligned=left_aligned, row_queries=part.row_tokens if left_aligned else ())
+    return PartPlan(rows, length, offset, mask, write_index, context, row_keys, tuple(range(rows)), token_spans,
+                    left_aligned=left_aligned, row_queries=part.row_tokens if left_aligned else (),
+                    packed_index=packed_index)
 
 
 def rotary_dtype(dtype: torch.dtype, full_precision: bool) -> torch.dtype:

@@ -11,9 +11,10 @@ batching:
 * A forward runs up to two *parts* packed together (:meth:`BidirectionalTransformer.forward_step`):
   whole rows (a block's first step, which also writes the rows' keys/values into a preallocated
   :class:`KVCache`) and windows of columns per row (each row its own columns) that attend to the rows'
-  cached keys/values. The parts share every linear layer (one pass over the weights); attention runs per
-  part. A window's own keys/values replace the cached ones in place, which gives the "dual cache" step
-  when the window is the active block and the "prefix cache" step when it is the active block plus
+  cached keys/values. The parts share every linear layer (one pass over the weights), which sees each
+  row's real tokens only (``engine.models.packed_step``); attention runs per part, in the part's box.
+  A window's own keys/values replace the cached ones in place, which gives the "dual cache" step when
+  the window is the active block and the "prefix cache" step when it is the active block plus
   everything after it (the columns before it are then the cached prefix).
 
 Keys are cached after RoPE: a column's position never changes for a row, so rotating once is enough.
@@ -31,7 +32,7 @@ from engine.models.kv_cache import KVCache
 from engine.models.layers import RMSNorm, attend, rotate_
 from engine.models.moe import MoE
 from engine.models.options import ModelOptions
-from engine.models.packed_step import PartPlan, StepPlan, plan_step, rotary_dtype
+from engine.models.packed_step import PartPlan, StepPlan, packed_tokens, plan_step, rotary_dtype
 from engine.models.projections import MLP, FusedLinear, fused_projection
 from engine.models.step_inputs import RefreshPart, WindowPart
 
@@ -79,20 +80,21 @@ class Attention(nn.Module):
         return each_row(self.o_proj, outputs[0] if len(outputs) == 1 else torch.cat(outputs), spans)
 
     def _attend_part(self, qkv: torch.Tensor, part: PartPlan, plan: StepPlan, layer: int) -> torch.Tensor:
+        """One part's attention in its box (a packed part's tokens scattered into it and back)."""
         if len(plan.parts) > 1:
             qkv = qkv[part.offset:part.offset + part.num_tokens]
-        qkv = qkv.view(part.rows, part.length, -1, self.head_dim)
+        qkv = part.to_box(qkv).view(part.rows, part.length, -1, self.head_dim)
         new_kv = qkv[:, :, self.num_heads:].view(part.rows, part.length, 2, self.num_kv_heads, self.head_dim)
         if part.write_index is not None:
             plan.layers[layer][part.write_index] = new_kv
         q = qkv[:, :, :self.num_heads]
         if self.batch_invariant:
-            return self._attend_each_row(q, new_kv, part, layer)
+            return part.from_box(self._attend_each_row(q, new_kv, part, layer))
         if part.context is None:
             keys, values = new_kv.transpose(1, 3).unbind(2)  # [rows, kv_heads, length, d] each
-            return attend(q, keys, values, part.mask)
-        keys, values = part.context[layer].unbind(1)
-        return attend(q, keys, values, part.mask)
+        else:
+            keys, values = part.context[layer].unbind(1)
+        return part.from_box(attend(q, keys, values, part.mask))
 
     def _attend_each_row(self, q: torch.Tensor, new_kv: torch.Tensor, part: PartPlan, layer: int) -> torch.Tensor:
         """Batch-invariant attention: each row alone, over exactly its own keys (and, in a refresh part,
@@ -111,7 +113,7 @@ class Attention(nn.Module):
                 own_queries = slice(0, part.row_queries[row]) if part.row_queries else slice(None)
             mask = part.mask[place:place + 1, :, own_queries if part.mask.shape[2] > 1 else slice(None), own_keys]
             out[row, own_queries] = attend(q[row:row + 1, own_queries], keys, values, mask)
-        return out.view(part.num_tokens, -1)
+        return out.view(part.rows * part.length, -1)
 
 
 class Layer(nn.Module):
@@ -197,11 +199,10 @@ class BidirectionalTransformer(nn.Module):
         plan = plan_step(refresh, window, kv_cache, rotary_dtype(self.dtype, config.rope_full_precision),
                          self.dtype, config.rotary_dim, config.rope_theta)
         parts = [p for p in (refresh, window) if p is not None]
-        tokens = torch.cat([p.tokens.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].tokens.reshape(-1)
-        x = self.embed(tokens)
+        x = self.embed(packed_tokens(plan.parts, [p.tokens for p in parts]))
         for index, layer in enumerate(self.layers):
             x = layer(x, plan, index)
-        read = [self._read(part, x[plan_part.offset:plan_part.offset + plan_part.num_tokens]
+        read = [self._read(part, plan_part.to_box(x[plan_part.offset:plan_part.offset + plan_part.num_tokens])
                            .view(plan_part.rows, plan_part.length, -1))
                 for part, plan_part in zip(parts, plan.parts)]
         return torch.cat(read) if len(read) > 1 else read[0]
