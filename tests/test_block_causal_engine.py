@@ -192,8 +192,25 @@ def test_a_compiled_sdar_engine_gives_the_eager_engines_tokens():
     assert compiled.model.compiled.num_graphs > 0 and not compiled.model.compiled.compile_failures
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_compiled_prefill_writes_every_layers_keys_and_values_as_eager_does(name):
+    """The window steps read what the prefill wrote, so a lost write in any layer changes every token after
+    the first step (mixture-of-experts layers are traced inline for this reason)."""
+    import torch
+
+    config = EngineConfig(block_length=BLOCK, decoding="low_confidence_dynamic", steps_per_block=4, max_batch_size=2)
+    caches = []
+    for flag in (False, True):
+        lm = load_model(FIXTURES / name, compile=flag)
+        engine = BlockServeEngine(lm, config)
+        engine.add_request(ordinary_prompts(lm, (5,))[0], SamplingParams(max_new_tokens=9))
+        engine.step()  # the prefill: prompt and first block, columns [0, 8) of slot 0
+        caches.append(engine.runner.batch.kv_cache.data[:, 0, :, :, :2 * BLOCK])
+    torch.testing.assert_close(caches[1], caches[0], rtol=0, atol=1e-4)
+
+
 def test_a_compiled_bf16_moe_model_gives_the_eager_logits_up_to_rounding_and_routing_flips():
-    """LLaDA2 compiles in bf16 (grouped expert GEMMs trace in bf16 only). Its logits equal eager's up to
+    """LLaDA2 in bf16, compiled: its experts trace as grouped GEMMs. Its logits equal eager's up to
     bf16 rounding, except where rounding moved a token to another expert (a discontinuous choice)."""
     import torch
 

@@ -1,13 +1,15 @@
 """A compiled step (``load_model(..., compile=True)``): each forward runs as one compiled graph.
 
-Eager, a layer issues ~40 aten operations, each a dispatch (and on a GPU a kernel launch). Compiled,
-a forward (embedding, rotary tables, mask and every layer) is one call of generated code, with one set
-of guards per call, its elementwise work fused. The layer is a nested compile region: traced once,
-its code stamped out for every layer, so compile time does not grow with depth as an unrolled trace
-would. The layer's sequence is the eager one (:class:`Layer` ``.forward`` over a one-part plan). On
-CUDA each graph is captured as a CUDA graph (``triton.cudagraphs``, what ``mode="reduce-overhead"``
-sets; the KV cache is marked as a static address, so the graph writes it in place). Shapes are bucketed
-so a run compiles a bounded number of graphs:
+Eager, a layer issues ~40 aten operations, each a dispatch (and on a GPU a kernel launch). Compiled, a
+forward (embedding, rotary tables, mask and every layer) is one call of generated code, with one set of
+guards per call, its elementwise work fused. A dense model's layer is a nested compile region: traced
+once, its code stamped out for every layer, so compile time does not grow with depth as an unrolled
+trace would. A mixture-of-experts model's layers are traced one after the other: in a nested region
+their cache writes are lost (torch 2.13). The layer's sequence is the eager one (:class:`Layer`
+``.forward`` over a one-part plan). On CUDA each graph is captured as a CUDA graph
+(``triton.cudagraphs``, what ``mode="reduce-overhead"`` sets; the KV cache is marked as a static
+address, so the graph writes it in place). Shapes are bucketed so a run compiles a bounded number of
+graphs:
 
 * rows round up to a power of two (at most the cache's slots; without a cache, uncapped); padding
   rows compute on pad tokens, write their keys/values to the cache's scratch column and are dropped;
@@ -87,31 +89,34 @@ def raise_recompile_limits(graphs: int) -> None:
     _thread_limits.graphs = graphs
 
 
-@torch.compiler.nested_compile_region
 def _layer(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns,
            rows: int, length: int, context_rows: int, context_start: int, context_end: int) -> torch.Tensor:
-    """One layer over one part (``rows`` x ``length`` tokens), as eager runs it: ``context_rows`` 0,
-    the part attends to its own keys; else to cache slots ``[0, context_rows)``, columns
-    ``[context_start, context_end)``."""
+    """One layer over one part (``rows`` x ``length`` tokens), as eager runs it: ``context_rows`` 0, the
+    part attends to its own keys; else to cache slots ``[0, context_rows)``, ``[context_start, context_end)``."""
     write = (write_slots, slice(None), slice(None), write_columns) if kv_layer is not None else None
     context = (kv_layer[:context_rows, :, :, context_start:context_end],) if context_rows else None
     plan = StepPlan([PartPlan(rows, length, 0, mask, write, context)], cos, signed_sin, (kv_layer,))
     return layer(x, plan, 0)
 
 
+_layer_region = torch.compiler.nested_compile_region(_layer)
+
+
 def _forward(model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns,
              rows: int, length: int, context_rows: int, context_start: int, context_end: int,
-             block_size: int | None) -> torch.Tensor:
+             block_size: int | None, nested_layers: bool) -> torch.Tensor:
     """Embedding, rotary tables, mask and every layer of one bucketed part: ``[rows * length, hidden]``
-    (block-causal masks from the queries' and keys' positions when ``block_size`` is set)."""
+    (block-causal masks from the queries' and keys' positions when ``block_size`` is set); the layers
+    one nested compile region when ``nested_layers``."""
     config = model.config
     cos, signed_sin = rotary_tables(positions.reshape(-1), config.rotary_dim, config.rope_theta,
                                     rotary_dtype(model.dtype, config.rope_full_precision))
     mask = (additive_mask(key_mask, model.dtype) if block_size is None else
             block_causal_mask(key_mask, positions, key_positions, block_size, model.dtype))
     x = model.embed(tokens.reshape(-1))
+    run_layer = _layer_region if nested_layers else _layer
     for index, layer in enumerate(model.layers):
-        x = _layer(layer, x, cos, signed_sin, mask, kv[index] if kv is not None else None,
+        x = run_layer(layer, x, cos, signed_sin, mask, kv[index] if kv is not None else None,
                    write_slots, write_columns, rows, length, context_rows, context_start, context_end)
     return x
 
@@ -152,6 +157,7 @@ class CompiledForward:
         self.cuda_graphs = model.embed_tokens.weight.device.type == "cuda"
         moe = model.config.moe
         self.forward = compiled_forward(self.cuda_graphs, moe is None or moe.first_k_dense_replace == 0)
+        self.nested_layers = moe is None  # see the module docstring
         self.static_caches: set[int] = set()
         self.shapes: set[tuple] = set()  # the bucketed shapes compiled so far: one graph each
         self.eager_shapes: dict[tuple, str] = {}  # shapes whose compilation failed -> the cause
@@ -270,7 +276,7 @@ class CompiledForward:
                 self.static_caches.add(id(kv))
             torch.compiler.cudagraph_mark_step_begin()  # earlier outputs were copied out (see _read)
         return self.forward(self.model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns,
-                            rows, length, *context, block_size)
+                            rows, length, *context, block_size, self.nested_layers)
 
     def _read(self, part: RefreshPart | WindowPart, hidden: torch.Tensor) -> torch.Tensor:
         """The part's hidden states, as a tensor of its own (a captured graph's output is overwritten
