@@ -180,12 +180,14 @@ def test_bf16_batched_rows_equal_each_row_alone_in_batch_invariant_mode(name):
         assert (output.token_ids, output.logprobs) == (alone.token_ids, alone.logprobs)
 
 
-def test_a_compiled_sdar_engine_gives_the_eager_engines_tokens():
+@pytest.mark.parametrize("name, lengths, rows", [("tiny-sdar", (5, 6, 7, 8, 9, 13, 3, 1), 4),
+                                                  ("tiny-llada2", (5, 13), 1)])  # MoE layers compile slowly
+def test_a_compiled_float32_engine_gives_the_eager_engines_tokens(name, lengths, rows):
     """Block-causal parts through the compiled, bucketed forward: boxes grow on the right, windows of one
-    or two blocks keep their length."""
-    config = EngineConfig(block_length=BLOCK, decoding="low_confidence_dynamic", steps_per_block=4, max_batch_size=4)
-    eager, compiled = (load_model(FIXTURES / "tiny-sdar", compile=flag) for flag in (False, True))
-    prompts = ordinary_prompts(eager, (5, 6, 7, 8, 9, 13, 3, 1))
+    or two blocks keep their length. LLaDA2's float32 experts run as one opaque grouped operation."""
+    config = EngineConfig(block_length=BLOCK, decoding="low_confidence_dynamic", steps_per_block=4, max_batch_size=rows)
+    eager, compiled = (load_model(FIXTURES / name, compile=flag) for flag in (False, True))
+    prompts = ordinary_prompts(eager, lengths)
     params = [SamplingParams(max_new_tokens=9 + index % 3 * 4, stop_at_eos=False) for index in range(len(prompts))]
     expected = [o.token_ids for o in BlockServeEngine(eager, config).generate(prompts, params)]
     assert [o.token_ids for o in BlockServeEngine(compiled, config).generate(prompts, params)] == expected

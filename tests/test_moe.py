@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.config import MoEConfig
-from engine.models.moe import MoE, Router, grouped_mm_supported
+from engine.models.moe import MoE, Router, expert_loop, grouped_mm_supported
 from engine.models.projections import MLP
 
 CONFIG = MoEConfig(num_experts=8, experts_per_token=2, moe_intermediate_size=16, n_group=4, topk_group=2,
@@ -104,7 +104,7 @@ def test_grouped_gemm_equals_a_loop_over_experts_exactly_in_float32():
     counts = torch.tensor([5, 0, 3, 1, 0, 7, 2, 4])  # an expert without tokens included
     x = torch.randn(int(counts.sum()), HIDDEN)
     grouped = experts(x, counts)
-    looped = experts.forward_each_expert(x, counts)
+    looped = expert_loop(x, experts.gate_up_proj, experts.down_proj, counts)
     assert torch.equal(grouped, looped)
     # and the loop is the experts' SwiGLU through their checkpoint-level views
     views = experts.checkpoint_views("")

@@ -12,7 +12,10 @@ slots in slot order and casts back, as the reference's ``moe_infer``; the shared
 Experts are stacked (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``) and computed grouped: the
 (token, slot) pairs are sorted by expert (stable), counted, and each expert's rows go through one
 ``torch._grouped_mm`` over every expert at once, with no host sync. Where ``_grouped_mm`` does not take
-the dtype or device (float64), a loop over the experts (never over tokens) reads the counts once.
+the dtype or device (float64), a loop over the experts (never over tokens) reads the counts once. A
+compiled graph traces ``_grouped_mm`` in bfloat16; in other dtypes it calls the same code as one opaque
+custom operation (``blockserve::grouped_swiglu``), except on CUDA without ``_grouped_mm``, where that
+shape runs eagerly.
 """
 from __future__ import annotations
 
@@ -26,12 +29,42 @@ GROUPED_MM_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cud
 
 
 def grouped_mm_supported(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether ``torch._grouped_mm`` computes in ``dtype`` on ``device`` (else the per-expert loop).
-    A compiled graph traces it through its meta function, which takes bfloat16 only; the loop's host
-    read does not compile either, so such a shape runs eagerly (``engine.models.compiled``)."""
-    if torch.compiler.is_compiling():
-        return dtype == torch.bfloat16
+    """Whether ``torch._grouped_mm`` computes in ``dtype`` on ``device`` eagerly (else the per-expert loop)."""
     return hasattr(torch, "_grouped_mm") and dtype in GROUPED_MM_DTYPES.get(device.type, ())
+
+
+def grouped_swiglu_eager(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                         counts: torch.Tensor) -> torch.Tensor:
+    """Every expert's SwiGLU over its rows of ``x`` (sorted by expert, ``counts [E]`` each): one
+    ``_grouped_mm`` per projection, or where it does not take the dtype or device, :func:`expert_loop`,
+    a loop over the experts (never over tokens) that reads the counts on the host once."""
+    if not grouped_mm_supported(x.dtype, x.device):
+        return expert_loop(x, gate_up, down, counts)
+    ends = counts.cumsum(0).to(torch.int32)
+    gate, up_part = torch._grouped_mm(x, gate_up.transpose(-1, -2), offs=ends).chunk(2, dim=-1)
+    return torch._grouped_mm(F.silu(gate) * up_part, down.transpose(-1, -2), offs=ends)
+
+
+def expert_loop(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """:func:`grouped_swiglu_eager` one expert at a time."""
+    outputs = []
+    for expert, rows in enumerate(x.split(counts.tolist())):
+        if rows.shape[0]:
+            gate, up_part = F.linear(rows, gate_up[expert]).chunk(2, dim=-1)
+            outputs.append(F.linear(F.silu(gate) * up_part, down[expert]))
+    return torch.cat(outputs) if outputs else x.new_zeros(0, down.shape[1])
+
+
+@torch.library.custom_op("blockserve::grouped_swiglu", mutates_args=())
+def grouped_swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """:func:`grouped_swiglu_eager` as one opaque operation of a compiled graph: dynamo traces
+    ``_grouped_mm`` in bfloat16 only and cannot trace the loop's host read, so other dtypes call this."""
+    return grouped_swiglu_eager(x, gate_up, down, counts)
+
+
+@grouped_swiglu.register_fake
+def _grouped_swiglu_shape(x, gate_up, down, counts):
+    return x.new_empty(x.shape[0], down.shape[1])
 
 
 class Router(nn.Module):
@@ -85,22 +118,13 @@ class StackedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """``x [pairs, H]`` sorted by expert, ``counts [E]`` of each expert's rows -> ``[pairs, H]``."""
-        if grouped_mm_supported(x.dtype, x.device):
-            ends = counts.cumsum(0).to(torch.int32)
-            gate, up = torch._grouped_mm(x, self.gate_up_proj.transpose(-1, -2), offs=ends).chunk(2, dim=-1)
-            return torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(-1, -2), offs=ends)
-        return self.forward_each_expert(x, counts)
-
-    def forward_each_expert(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """The same, one expert at a time (reads the counts on the host once)."""
-        if torch.compiler.is_compiling():  # a host read: refused by a full-graph compile, which then runs
-            torch._dynamo.graph_break()    # this shape eagerly, with a warning naming the cause
-        outputs = []
-        for expert, rows in enumerate(x.split(counts.tolist())):
-            if rows.shape[0]:
-                gate, up = F.linear(rows, self.gate_up_proj[expert]).chunk(2, dim=-1)
-                outputs.append(F.linear(F.silu(gate) * up, self.down_proj[expert]))
-        return torch.cat(outputs) if outputs else x.new_zeros(0, x.shape[-1])
+        if torch.compiler.is_compiling() and x.dtype != torch.bfloat16:
+            if x.device.type != "cpu" and not grouped_mm_supported(x.dtype, x.device):
+                # the loop's host read would break a captured CUDA graph: a full-graph compile refuses
+                # this shape, which then runs eagerly with a warning naming the cause
+                torch._dynamo.graph_break()
+            return grouped_swiglu(x, self.gate_up_proj, self.down_proj, counts)
+        return grouped_swiglu_eager(x, self.gate_up_proj, self.down_proj, counts)
 
 
 class MoE(nn.Module):
