@@ -52,7 +52,14 @@ def timed(engine: BlockServeEngine, prompts: list[list[int]], params: SamplingPa
     return {"seconds": seconds, "warmup_seconds": warm, "profiled": profiler is not None,
             "results": [{"tokens": o.token_ids, "finish_reason": o.finish_reason, "num_steps": o.num_steps}
                         for o in outputs],
-            "generated_tokens": sum(len(o.token_ids) for o in outputs), "stats": engine.stats().to_dict()}
+            "generated_tokens": sum(len(o.token_ids) for o in outputs), "stats": engine.stats().to_dict(),
+            **token_counts(engine.stats_collector.trace)}
+
+
+def token_counts(trace) -> dict:
+    """Tokens through the linear layers (each row's real tokens) and the parts' boxes they were packed from."""
+    return {"linear_tokens": sum(r.forward_tokens for r in trace),
+            "box_tokens": sum(r.refresh_rows * r.refresh_width + r.window_rows * r.window_tokens for r in trace)}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -77,7 +77,7 @@ def make_checkpoint(modeling, args) -> None:
     endoftext, mask = specials(values["vocab_size"])
     model = modeling.LLaDA2MoeModelLM(modeling.LLaDA2MoeConfig(**values)).float().eval()
     generator = torch.Generator().manual_seed(args.seed + 1)
-    pc.randomize_for_tests(model, mask, generator)
+    pc.randomize_for_tests(model, mask, generator, head_scale=args.head_scale)
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             if name.endswith("gate.expert_bias"):

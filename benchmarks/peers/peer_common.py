@@ -68,6 +68,8 @@ def argument_parser(doc: str, default_gen: int) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of --make-checkpoint")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="the peer model's dtype (float64 removes float rounding from the logit comparison)")
+    parser.add_argument("--head-scale", type=float, default=20.0, help="with --make-checkpoint: the lm_head's "
+                        "multiplier (20 makes confidence thresholds fire; 1 keeps the init's logits, near 1)")
     parser.add_argument("--stop-boost", action="store_true", help="with --make-checkpoint: make the stop token "
                         "win where the most frequent greedy token would, so generations stop early")
     return parser

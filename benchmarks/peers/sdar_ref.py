@@ -85,7 +85,7 @@ def make_checkpoint(modeling, args) -> None:
     values = model_config(args)
     endoftext, im_start, im_end, mask = specials(values["vocab_size"])
     model = modeling.SDARForCausalLM(modeling.SDARConfig(**values)).float().eval()
-    pc.randomize_for_tests(model, mask, torch.Generator().manual_seed(args.seed + 1))
+    pc.randomize_for_tests(model, mask, torch.Generator().manual_seed(args.seed + 1), head_scale=args.head_scale)
     model.generation_config.eos_token_id = [im_end, endoftext]
     model.generation_config.pad_token_id = endoftext
     if args.stop_boost:

@@ -4,7 +4,8 @@
         --transformers /tmp/issue29/tf452 --checkpoint /tmp/issue29/ckpt/sdar-bench \\
         --out /tmp/issue29/out/throughput-sdar.json
 
-The prompts (``--num-prompts`` of lengths drawn in ``--min-length``..``--max-length``) go to a file beside
+The prompts (``--num-prompts`` of lengths drawn in ``--min-length``..``--max-length``, or from HumanEval's prompt
+lengths with ``--humaneval-lengths``) go to a file beside
 ``--out``; then ``--rounds`` rounds alternate two subprocesses on the same checkpoint and prompts: the peer's
 loop (``sdar_ref.py`` / ``llada2_ref.py --time``, under its pinned transformers) and the engine
 (``engine_timed.py``, under the venv's), both float32 with ``--threads`` torch threads. Each times its loop
@@ -29,6 +30,7 @@ from benchmarks.peers.compare import until_stop
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 DRIVERS = {"sdar": "sdar_ref.py", "llada2": "llada2_ref.py"}
+HUMANEVAL_LENGTHS = ROOT / "benchmarks" / "data" / "humaneval_lengths.json"
 BAR = 5.0  # the issue's bar: our speedup at batch 16 over the peer's loop at batch 1
 SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok", "num_shared_experts",
@@ -42,7 +44,11 @@ def make_prompts(args: argparse.Namespace) -> list[list[int]]:
     avoid = pc.special_ids(str(args.checkpoint), config, generation)
     avoid |= set() if args.mask_id is None else {args.mask_id}
     generator = torch.Generator().manual_seed(args.seed)
-    lengths = torch.randint(args.min_length, args.max_length + 1, (args.num_prompts,), generator=generator).tolist()
+    if args.humaneval_lengths:
+        known = json.loads(HUMANEVAL_LENGTHS.read_text())["prompt_tokens"]
+        lengths = [known[i] for i in torch.randperm(len(known), generator=generator)[:args.num_prompts].tolist()]
+    else:
+        lengths = torch.randint(args.min_length, args.max_length + 1, (args.num_prompts,), generator=generator).tolist()
     return pc.default_prompts(lengths, config["vocab_size"], avoid, seed=args.seed)
 
 
@@ -114,6 +120,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--min-length", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--humaneval-lengths", action="store_true",
+                        help="prompt lengths drawn from HumanEval's (benchmarks/data/humaneval_lengths.json), not "
+                             "uniform in --min-length..--max-length")
     parser.add_argument("--gen-length", type=int, default=64)
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1234, help="seed of the prompts")
