@@ -41,7 +41,8 @@ class ForwardRecord:
     @property
     def forward_tokens(self) -> int:
         """Tokens that went through the linear layers: the parts' boxes less their pad positions (an
-        eager forward packs each row's real tokens; attention alone sees the boxes)."""
+        eager forward packs each row's real tokens; attention alone sees the boxes). A compiled forward
+        runs its bucketed boxes whole, so for it this counts less than it computed."""
         return (self.refresh_rows * self.refresh_width + self.window_rows * self.window_tokens
                 - self.refresh_pad_tokens - self.window_pad_tokens)
 

@@ -58,8 +58,9 @@ def expert_loop(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, coun
 @torch.library.custom_op("blockserve::grouped_swiglu", mutates_args=())
 def grouped_swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """:func:`grouped_swiglu_eager` as one opaque operation of a compiled graph: dynamo traces
-    ``_grouped_mm`` in bfloat16 only and cannot trace the loop's host read, so other dtypes call this."""
-    return grouped_swiglu_eager(x, gate_up, down, counts)
+    ``_grouped_mm`` in bfloat16 only and cannot trace the loop's host read, so other dtypes call this.
+    Its output is contiguous, as the shape function promises (``_grouped_mm`` may pad row strides)."""
+    return grouped_swiglu_eager(x, gate_up, down, counts).contiguous()
 
 
 @grouped_swiglu.register_fake

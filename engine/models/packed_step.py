@@ -120,7 +120,8 @@ def _pack(spans: list[tuple[int, int]], rows: int, length: int, offset: int,
     and each row's span among the packed tokens; no index when the rows fill the box."""
     if sum(count for _, count in spans) == rows * length:
         return None, tuple((offset + start, count) for start, count in spans)
-    index = torch.tensor([position for start, count in spans for position in range(start, start + count)])
+    index = torch.tensor([position for start, count in spans for position in range(start, start + count)],
+                         pin_memory=device.type == "cuda")  # pinned: the copy below does not block the host
     firsts = [0, *itertools.accumulate(count for _, count in spans)][:-1]
     return index.to(device, non_blocking=True), tuple((offset + first, count)
                                                       for first, (_, count) in zip(firsts, spans))
