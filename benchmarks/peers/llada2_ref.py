@@ -2,8 +2,8 @@
 
 Run with the repo venv and transformers 4.57.1 installed with ``pip --target`` (see README.md)::
 
-    .venv/bin/python benchmarks/peers/llada2_ref.py --peer-dir /tmp/issue29/ref/llada2 \
-        --transformers /tmp/issue29/tf457 --checkpoint DIR --out FILE.json [--make-checkpoint] [--mask-id ID]
+    .venv/bin/python benchmarks/peers/llada2_ref.py --peer-dir runs/peers/ref/llada2 \
+        --transformers runs/peers/tf457 --checkpoint DIR --out FILE.json [--make-checkpoint] [--mask-id ID]
 
 The model is the peer's ``LLaDA2MoeModelLM`` (SDPA attention, never eager: the eager path turns the peer's
 0/-inf block mask into a uniform one). Two changes are made to the loaded instance, nothing else:

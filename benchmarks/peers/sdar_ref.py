@@ -2,8 +2,8 @@
 
 Run with the repo venv and transformers 4.52.4 installed with ``pip --target`` (see README.md)::
 
-    .venv/bin/python benchmarks/peers/sdar_ref.py --peer-dir /tmp/issue29/ref/sdar \
-        --transformers /tmp/issue29/tf452 --checkpoint DIR --out FILE.json [--make-checkpoint]
+    .venv/bin/python benchmarks/peers/sdar_ref.py --peer-dir runs/peers/ref/sdar \
+        --transformers runs/peers/tf452 --checkpoint DIR --out FILE.json [--make-checkpoint]
 
 The model is the peer's ``SDARForCausalLM`` (``modeling_sdar.py``); generation is the peer's own
 ``block_diffusion_generate`` from ``huggingface_bd3.py`` (the loop behind SDAR's paper evals), compiled out of

@@ -1,8 +1,8 @@
 """CPU throughput: the engine at batch 16 against a block-causal family's own generate loop at batch 1.
 
-    .venv/bin/python -m benchmarks.peers.throughput --family sdar --peer-dir /tmp/issue29/ref/sdar \\
-        --transformers /tmp/issue29/tf452 --checkpoint /tmp/issue29/ckpt/sdar-bench \\
-        --out /tmp/issue29/out/throughput-sdar.json
+    .venv/bin/python -m benchmarks.peers.throughput --family sdar --peer-dir runs/peers/ref/sdar \\
+        --transformers runs/peers/tf452 --checkpoint runs/peers/ckpt/sdar-bench \\
+        --out runs/peers/out/throughput-sdar.json
 
 The prompts (``--num-prompts`` of lengths drawn in ``--min-length``..``--max-length``, or from HumanEval's prompt
 lengths with ``--humaneval-lengths``) go to a file beside
