@@ -2,21 +2,21 @@
 
 Eager, a layer issues ~40 aten operations, each a dispatch (and on a GPU a kernel launch). Compiled, a
 forward (embedding, rotary tables, mask and every layer) is one call of generated code, with one set of
-guards per call, its elementwise work fused. A dense model's layer is a nested compile region: traced
-once, its code stamped out for every layer, so compile time does not grow with depth as an unrolled
-trace would. A mixture-of-experts model's layers are traced one after the other: in a nested region
+guards per call, its elementwise work fused. A dense model's layer (LLaDA, Dream, SDAR) is a nested
+compile region: traced once, its code stamped out for every layer, so compile time does not grow with
+depth. A mixture-of-experts model's layers (LLaDA2) are traced one after the other: in a nested region
 their cache writes are lost (torch 2.13). The layer's sequence is the eager one (:class:`Layer`
-``.forward`` over a one-part plan). On CUDA each graph is captured as a CUDA graph
-(``triton.cudagraphs``, what ``mode="reduce-overhead"`` sets; the KV cache is marked as a static
-address, so the graph writes it in place). Shapes are bucketed so a run compiles a bounded number of
-graphs:
+``.forward`` over a one-part plan). On CUDA each graph is a CUDA graph (``triton.cudagraphs``) that
+writes the KV cache in place at a static address. Shapes are bucketed to bound the graphs compiled:
 
 * rows round up to a power of two (at most the cache's slots; without a cache, uncapped); padding
   rows compute on pad tokens, write their keys/values to the cache's scratch column and are dropped;
-* a refresh part's width and a window's context round up to the next of a few widths (a bucket
-  extends the box to the left, over columns that are padding for every row of the box: the cache
-  is right-aligned, so the columns are masked keys anyway); a prefix window longer than one block
-  rounds up to the next of those widths too.
+* a refresh part's width and a window's context round up to the next of a few widths. A full-attention
+  family's rows are right-aligned (``engine.batch``), so a bucket extends the box to the left, over
+  columns that are padding for every row of the box; a prefix window longer than one block rounds up too;
+* a block-causal family's rows (SDAR, LLaDA2) are left-aligned, so a bucket extends the box to the right:
+  a window's context ``[0, furthest active block's end)`` grows over masked keys (its length stays one
+  block, or a finished block and the next); a refresh part's extra columns write keys rewritten before use.
 
 A step with both parts runs them as two forwards (refresh first: it writes the cache the window does
 not read). Tokens do not change with padding: a padded row or column only ever meets masked keys.
