@@ -168,7 +168,7 @@ class SamplingParams:
     """Per-request settings. Problems are reported per request (see :meth:`validation_error`), so one
     bad request in a batch fails alone instead of raising for everyone."""
 
-    max_new_tokens: int = 256  # rounded up to whole blocks
+    max_new_tokens: int = 256  # the answer holds at most this many tokens (whole blocks are computed)
     temperature: float = 0.0
     seed: int | None = None
     stop_at_eos: bool = True  # False: run to the block cap (benchmarks with length caps)

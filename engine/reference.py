@@ -70,7 +70,7 @@ def reference_generate(
     canvas, positions, key_mask, kv_cache = _blank_canvas(lm, prompt_ids, width, cache)
     seeds = torch.tensor([seed], dtype=torch.long, device=device)
     slot = torch.zeros(1, dtype=torch.long, device=device)
-    total_steps, blocks_run, stopped = 0, 0, False
+    total_steps, blocks_run = 0, 0
     logprobs_at: dict[int, TokenLogprob] = {}  # canvas position -> at its commit step
     for block in range(num_blocks):
         start, end = prompt_length + block * block_length, prompt_length + (block + 1) * block_length
@@ -98,11 +98,9 @@ def reference_generate(
             step += 1
         total_steps += step
         blocks_run += 1
-        if block_stops(lm, canvas, start, end):
-            stopped = True
-            if stop_at_eos:
-                break
-    return finished_result(lm, canvas, prompt_length, prompt_length + blocks_run * block_length, stopped,
+        if stop_at_eos and block_stops(lm, canvas, start, end):
+            break
+    return finished_result(lm, canvas, prompt_length, prompt_length + blocks_run * block_length, max_new_tokens,
                            stop_at_eos, blocks_run, total_steps, None if logprobs is None else logprobs_at)
 
 

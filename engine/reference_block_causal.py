@@ -55,7 +55,7 @@ def block_causal_generate(
     forward.prefill(first)
     seeds = torch.tensor([seed], dtype=torch.long, device=device)
     bias = row_bias(logit_bias, lm.vocab_size, device) if logit_bias else None
-    total_steps, blocks_run, stopped = 0, 0, False
+    total_steps, blocks_run = 0, 0
     logprobs_at: dict[int, TokenLogprob] = {}  # output position -> at its commit step
     for block in range(num_blocks):
         start, end = first + block * block_length, first + (block + 1) * block_length
@@ -75,11 +75,9 @@ def block_causal_generate(
         forward.store(start, end)
         total_steps += step
         blocks_run += 1
-        if block_stops(lm, canvas, max(start, prompt_length), end):
-            stopped = True
-            if stop_at_eos:
-                break
-    return finished_result(lm, canvas, prompt_length, first + blocks_run * block_length, stopped, stop_at_eos,
+        if stop_at_eos and block_stops(lm, canvas, max(start, prompt_length), end):
+            break
+    return finished_result(lm, canvas, prompt_length, first + blocks_run * block_length, max_new_tokens, stop_at_eos,
                            blocks_run, total_steps, None if logprobs is None else logprobs_at)
 
 

@@ -8,7 +8,7 @@ import torch
 
 from engine.decoding import Sampling, gumbel_noise
 from engine.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
-from engine.request import TokenLogprob, trim_at_stop
+from engine.request import TokenLogprob, first_stop
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,16 @@ def committed_logprobs(logits: torch.Tensor, mask_id: int, candidates: torch.Ten
             for j in commit[0].nonzero().flatten().tolist()}
 
 
-def finished_result(lm, canvas: torch.Tensor, prompt_length: int, end: int, stopped: bool, stop_at_eos: bool,
+def finished_result(lm, canvas: torch.Tensor, prompt_length: int, end: int, max_new_tokens: int, stop_at_eos: bool,
                     num_blocks: int, num_steps: int, logprobs_at: dict[int, TokenLogprob] | None) -> ReferenceResult:
-    """The oracle's result: the canvas's answer columns ``[prompt_length, end)`` trimmed at the first stop
-    token, with the log-probabilities of those tokens when they were recorded."""
-    token_ids = trim_at_stop(canvas[0, prompt_length:end].tolist(), lm.special_ids.stop_ids)
-    return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped and stop_at_eos else "length",
+    """The oracle's result: the canvas's answer columns ``[prompt_length, end)`` up to the first stop token
+    and at most ``max_new_tokens`` of them, with the log-probabilities of those tokens when recorded. It
+    finishes with "eos" when a stop token comes within ``max_new_tokens`` and the request honours it."""
+    answer = canvas[0, prompt_length:end].tolist()
+    stop = first_stop(answer, lm.special_ids.stop_ids)
+    token_ids = answer[:stop][:max_new_tokens]
+    stopped = stop is not None and stop < max_new_tokens and stop_at_eos
+    return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped else "length",
                            num_blocks=num_blocks, num_steps=num_steps,
                            logprobs=None if logprobs_at is None else [logprobs_at[i] for i in range(len(token_ids))])
 

@@ -13,11 +13,6 @@ def first_stop(token_ids: list[int], stop_ids: tuple[int, ...]) -> int | None:
     return next((index for index, token in enumerate(token_ids) if token in stop_ids), None)
 
 
-def trim_at_stop(token_ids: list[int], stop_ids: tuple[int, ...]) -> list[int]:
-    """``token_ids`` up to (without) the first stop token."""
-    return token_ids[:first_stop(token_ids, stop_ids)]
-
-
 class RequestStatus(enum.IntEnum):
     WAITING = 0
     RUNNING = 1
@@ -50,7 +45,7 @@ class TokenLogprob:
 class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
-    token_ids: list[int]  # generated, trimmed at the first EOS / end-of-turn
+    token_ids: list[int]  # generated, trimmed at the first EOS / end-of-turn, at most max_new_tokens
     text: str
     finish_reason: str  # "eos" | "length" | "abort" | "error"
     error: str | None
@@ -94,6 +89,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     lead: int = 0  # prompt tokens inside block 0 (block-causal families; 0: the answer starts a block)
     cap_blocks: int = 0  # the request's own block cap: the blocks max_new_tokens spans after the lead
+    # (whole blocks are computed; the output keeps max_new_tokens of them)
     canvas_blocks: int = 0  # blocks on its canvas (= cap, or the batch's largest for static/shrink)
     block_index: int = 0  # the block being decoded; once it is complete, the number of blocks done
     between_blocks: bool = False  # its last block has no mask left and the next one has not started
@@ -167,12 +163,15 @@ class Request:
     def complete_block(self, token_ids: list[int], stop_index: int | None,
                        logprobs: list[TokenLogprob] | None = None) -> list[int]:
         """Record its completed block (``stop_index``: its first stop token, if any); return the part
-        that joins its own output: up to that stop token, nothing past an earlier one or its block cap."""
-        added = token_ids[:stop_index] if self.stop_block is None and self.block_index < self.cap_blocks else []
+        that joins its own output: up to that stop token and ``max_new_tokens``, nothing past an earlier
+        stop or its block cap. A stop token past ``max_new_tokens`` does not count: the cap came first."""
+        room = self.params.max_new_tokens - len(self.output_token_ids)
+        adds = self.stop_block is None and self.block_index < self.cap_blocks
+        added = token_ids[:stop_index][:room] if adds else []
         self.output_token_ids += added
         if logprobs is not None:
             self.output_logprobs += logprobs[:len(added)]
-        if stop_index is not None and self.stop_block is None:
+        if stop_index is not None and self.stop_block is None and (not adds or stop_index < room):
             self.stop_block = self.block_index
         self.block_index += 1
         self.between_blocks, self.step_in_block = True, 0

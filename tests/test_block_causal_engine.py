@@ -124,10 +124,13 @@ def test_a_block_never_sees_later_blocks_so_a_longer_canvas_keeps_the_early_toke
 
 def test_the_answer_fills_the_prompts_last_block_and_the_row_ends_on_a_block(lm):
     config = EngineConfig(block_length=BLOCK, decoding="low_confidence", max_batch_size=2)
+    engine = BlockServeEngine(lm, config)
     prompts = ordinary_prompts(lm, (5, 8), seed=5)
-    outputs = BlockServeEngine(lm, config).generate(prompts, SamplingParams(max_new_tokens=6, stop_at_eos=False))
-    # 5 prompt tokens: the first block holds 1 of them, so 5 + 6 rounds up to 12 columns: 7 answer tokens
-    assert [len(o.token_ids) for o in outputs] == [7, 8]
+    outputs = engine.generate(prompts, SamplingParams(max_new_tokens=6, stop_at_eos=False))
+    # 5 prompt tokens: the first block holds 1 of them, so 5 + 6 rounds up to 12 columns (2 answer blocks);
+    # 8 prompt tokens end a block, so 8 + 6 rounds up to 16 (2 answer blocks). Each answer keeps its 6.
+    assert [len(o.token_ids) for o in outputs] == [6, 6]
+    assert [o.num_blocks for o in outputs] == [2, 2]
 
 
 def test_a_stop_token_in_the_prompts_part_of_the_first_block_does_not_stop_the_request(lm):
@@ -137,7 +140,7 @@ def test_a_stop_token_in_the_prompts_part_of_the_first_block_does_not_stop_the_r
     output = BlockServeEngine(lm, EngineConfig(block_length=BLOCK, decoding="low_confidence")).generate(
         [prompt], never_stop)[0]
     assert output.finish_reason == "length"
-    assert len(output.token_ids) == 10  # 6 + 8 = 14 rounds up to 16 columns: 10 answer tokens
+    assert len(output.token_ids) == 8  # 6 + 8 = 14 rounds up to 16 columns; the answer keeps its cap
 
 
 def test_row_width_is_prompt_plus_answer_rounded_up_to_whole_blocks(lm):
