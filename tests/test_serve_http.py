@@ -83,6 +83,33 @@ def test_stop_string_cuts_the_text_and_finishes_with_stop(client, expect):
     assert answer.choices[0].finish_reason == "stop"
 
 
+def test_max_tokens_caps_the_text_and_the_usage_streamed_or_not(server, client, expect):
+    expected = expect(chat("count from 1 to 30"), 5)
+    assert len(expected.token_ids) == 5  # the engine computed a whole block of 32 and kept 5
+    answer = client.chat.completions.create(model=MODEL, messages=chat("count from 1 to 30"), max_tokens=5)
+    assert answer.choices[0].message.content == expected.text
+    assert (answer.usage.completion_tokens, answer.choices[0].finish_reason) == (5, "length")
+    chunks = list(client.chat.completions.create(model=MODEL, messages=chat("count from 1 to 30"), max_tokens=5,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == expected.text
+    assert chunks[-1].usage.completion_tokens == 5
+
+
+def test_tokens_after_a_stop_string_are_neither_returned_nor_counted(client, expect, reference):
+    expected = expect(chat("count from 3 to 12"), 64)
+    words = expected.text.split(" ")
+    if len(words) < 4:
+        pytest.skip(f"this export's answer is too short to stop inside: {expected.text!r}")
+    stop = f" {words[3]}"  # the answer's fourth word, well inside its only block
+    answer = client.chat.completions.create(model=MODEL, messages=chat("count from 3 to 12"), max_tokens=64,
+                                            stop=[stop])
+    assert answer.choices[0].message.content == " ".join(words[:3])
+    assert answer.choices[0].finish_reason == "stop"
+    spelled = next(count for count in range(1, len(expected.token_ids) + 1)
+                   if stop in reference.lm.tokenizer.decode(expected.token_ids[:count], skip_special_tokens=True))
+    assert answer.usage.completion_tokens == spelled < len(expected.token_ids)
+
+
 def test_responses_are_the_openai_types_plus_the_blockserve_object(server):
     from openai.types import Completion, Model
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -265,3 +292,4 @@ def test_stop_strings_are_held_back_until_a_later_block_rules_them_out(reference
     assert text.add(encode("12", "3", "E")) == "12 3 "  # "E" may start "END": held back
     assert text.add(encode("x", "4", "E", "##N")) == "E x 4 "
     assert text.add(encode("##D", "5")) == "" and text.stopped and text.text == "12 3 E x 4 "
+    assert text.counted_tokens == 8  # through "##D", which completes "END"; "5" comes after it

@@ -62,16 +62,21 @@ class TextStream:
         self.text = ""
         self.sent = 0  # characters of self.text already released
         self.stopped = False  # a stop string was found; self.text ends just before it
+        self.counted_tokens = 0  # tokens the answer used: through the one that completes a stop string
 
     def add(self, token_ids: list[int]) -> str:
         if self.stopped:
             return ""
+        earlier = len(self.token_ids)
         self.token_ids += token_ids
-        self.text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        self.text = self._decode(len(self.token_ids))
         hits = [index for index in (self.text.find(stop) for stop in self.stops) if index >= 0]
         if hits:
             self.text, self.stopped = self.text[:min(hits)], True
+            self.counted_tokens = next(count for count in range(earlier + 1, len(self.token_ids) + 1)
+                                       if self._holds_stop(count))
             return self.flush()
+        self.counted_tokens = len(self.token_ids)
         held = max((size for stop in self.stops for size in range(1, len(stop))
                     if self.text.endswith(stop[:size])), default=0)
         if self.text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for its rest
@@ -79,6 +84,14 @@ class TextStream:
         end = max(self.sent, len(self.text) - held)
         delta, self.sent = self.text[self.sent:end], end
         return delta
+
+    def _decode(self, count: int) -> str:
+        return self.tokenizer.decode(self.token_ids[:count], skip_special_tokens=True)
+
+    def _holds_stop(self, count: int) -> bool:
+        """The first ``count`` tokens already spell a stop string."""
+        text = self._decode(count)
+        return any(stop in text for stop in self.stops)
 
     def flush(self) -> str:
         delta, self.sent = self.text[self.sent:], len(self.text)
@@ -256,7 +269,7 @@ class OpenAIServer:
 
     @staticmethod
     def _usage(job: Job) -> CompletionUsage:
-        return token_usage(job.prompt_tokens, len(job.text.token_ids))
+        return token_usage(job.prompt_tokens, job.text.counted_tokens)
 
     @staticmethod
     def _info(job: Job, output: RequestOutput | None) -> BlockServeInfo:
