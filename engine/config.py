@@ -15,6 +15,7 @@ QUOTA_RULES = ("quota", "low_confidence_dynamic", "low_confidence_static")  # ne
 EDITING_SETTINGS = ("editing_threshold", "max_post_steps", "edit_threshold", "max_post_edit_steps")
 DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy")  # Dream's diffusion_generate algs, less "origin"
 SHIFTED_DECODINGS = ("fast-dllm", "lookback")
+DEFAULT_BLOCK_LENGTH = 32  # a full-attention family's block when the config names none (Fast-dLLM's)
 DEFAULT_MAX_MODEL_LEN = 4096  # widest row when max_model_len is unset: a model may advertise far more
 # (Dream: 131,072 positions, a KV cache of ~112 GiB at 16 slots); LLaDA's own limit is 4096
 
@@ -69,7 +70,7 @@ def _from_dict(cls: type, values: Mapping[str, Any]):
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    block_length: int = 32
+    block_length: int | None = None  # None: the block a block-causal model was trained with, else 32
     # "continuous": rows advance block by block on their own, admission at every step (our default);
     # "block_sync": BlockServe's block cycles; "static": Fast-dLLM; "shrink": Fast-dLLM v2 / dInfer
     schedule: str = "continuous"
@@ -98,8 +99,8 @@ class EngineConfig:
     # None: the model's maximum length up to DEFAULT_MAX_MODEL_LEN, capped by the token budget
 
     def __post_init__(self) -> None:
-        if not isinstance(self.block_length, int) or self.block_length < 1:
-            _fail("block_length", f"must be a positive int, got {self.block_length!r}")
+        if self.block_length is not None and (not isinstance(self.block_length, int) or self.block_length < 1):
+            _fail("block_length", f"must be a positive int or None, got {self.block_length!r}")
         if self.schedule not in SCHEDULES:
             _fail("schedule", f"must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.static_batch_timeout_s is not None:
@@ -130,7 +131,7 @@ class EngineConfig:
         if self.steps_per_block is not None:
             if not isinstance(self.steps_per_block, int) or self.steps_per_block < 1:
                 _fail("steps_per_block", f"must be a positive int or None, got {self.steps_per_block!r}")
-            if self.steps_per_block > self.block_length:
+            if self.block_length is not None and self.steps_per_block > self.block_length:
                 _fail("steps_per_block", f"{self.steps_per_block} exceeds block_length "
                       f"{self.block_length}: some steps would commit nothing")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
@@ -258,16 +259,3 @@ def _token_bias(value: Any) -> dict[int, float]:
             raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
         bias[key] = number
     return bias
-
-
-def check_family_settings(config: EngineConfig, lm) -> None:
-    """Refuse settings the loaded model's family cannot honour, naming the setting (``lm``: a DiffusionLM)."""
-    if lm.attention != "block_causal":
-        return
-    family = lm.family
-    if config.cache != "dual":
-        raise ValueError(f"EngineConfig.cache: {config.cache!r} is a cache mode of full-attention families; "
-                         f"{family} attends block-causally and caches each finished block: leave cache at 'dual'")
-    if config.decoding == "dream":
-        raise ValueError(f"EngineConfig.decoding: 'dream' is Dream's sampler over a whole canvas; {family} decodes "
-                         f"block by block: use low_confidence_dynamic, low_confidence, threshold or quota")

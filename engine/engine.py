@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 
 from engine.admission import AdmissionError, AdmissionLimits
-from engine.config import EngineConfig, SamplingParams, answer_blocks, check_family_settings
+from engine.config import EngineConfig, SamplingParams, answer_blocks
 from engine.memory import check_arena_fits
+from engine.model_fit import config_for_model
 from engine.models.loader import DiffusionLM, load_model
 from engine.outputs import RunnerOutput, SchedulerOutput, StepReport
 from engine.prompts import Prompt, PromptTooLongError, encode_prompt
@@ -24,10 +25,9 @@ from engine.stats import EngineStats, StatsCollector
 class BlockServeEngine:
     def __init__(self, lm: DiffusionLM, config: EngineConfig | None = None):
         self.lm = lm
-        self.config = config or EngineConfig()
+        self.config = config_for_model(config or EngineConfig(), lm)
         self.token_budget = self.config.resolved_token_budget(lm.max_length)
         self.max_row_width = self.config.resolved_max_model_len(lm.max_length)
-        check_family_settings(self.config, lm)
         self.absolute_blocks = lm.attention == "block_causal"
         self.limits = AdmissionLimits(self.config.block_length, lm.vocab_size, lm.max_length,
                                       self.token_budget, self.max_row_width, self.absolute_blocks)

@@ -21,6 +21,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.decoding import NOISE_CHUNK_ELEMENTS
+from engine.model_fit import block_length_for
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 
@@ -52,6 +53,7 @@ def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     element = torch.empty((), dtype=dtype).element_size()
     arena_bytes = kv_bytes + 2 * INDEX_BYTES * slots * width
     hidden, intermediate = model_config.hidden_size, model_config.intermediate_size
+    block_length = block_length_for(config, lm)
     per_token = 6 * hidden + 3 * intermediate + model_config.num_heads * width
     if model_config.attention == "block_causal":  # one mask row of every query: [rows, 1, queries, keys]
         per_token += width
@@ -63,8 +65,8 @@ def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
         arena_bytes=arena_bytes,
         bytes_per_box_token=element * per_token,
         # the active blocks' logits in the model's dtype, their float32 softmax and one float32 temporary
-        logit_bytes_per_row=(element + 8) * config.block_length * model_config.vocab_size,
-        sampling_bytes_per_row=2 * 4 * config.block_length * model_config.vocab_size,
+        logit_bytes_per_row=(element + 8) * block_length * model_config.vocab_size,
+        sampling_bytes_per_row=2 * 4 * block_length * model_config.vocab_size,
         sampling_scratch_bytes=3 * INDEX_BYTES * NOISE_CHUNK_ELEMENTS)
 
 

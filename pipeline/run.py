@@ -191,14 +191,15 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
 
     wall_s, snapshots, deaths = generate_and_write(ds, config, num_actors, outputs_dir)
     written = storage.read_column(outputs_dir, config.id_column)
-    result = job_stats.aggregate(snapshots, wall_s, bin_tokens=config.engine.block_length, deaths=deaths)
+    block_length = job_stats.decoded_block_length(snapshots, config.engine.block_length)
+    result = job_stats.aggregate(snapshots, wall_s, bin_tokens=block_length, deaths=deaths)
     result["run"] = {
         "config": config_path, "input": config.input, "output": config.output, "model": config.model,
         "rows_already_done": len(done_ids), "rows_generated": rows_todo, "bucket_edges": edges,
         "output_rows": len(written), "output_unique_ids": len(set(written.to_pylist())),
         "wall_s": wall_s, "finished_at": time.time(), "settings": config.model_dump(mode="json")}
     storage.write_bytes(storage.join(config.output, "stats.json"), json.dumps(result, indent=2).encode())
-    latency_bins = job_stats.latency_samples_by_bin(snapshots, config.engine.block_length)
+    latency_bins = job_stats.latency_samples_by_bin(snapshots, block_length)
     storage.write_bytes(storage.join(config.output, "stats.png"), job_stats.plot_png(result, latency_bins))
     return result
 

@@ -18,6 +18,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from engine.config import DEFAULT_BLOCK_LENGTH
+
 
 def _weighted(snapshots: list[dict], key: str, weight: str) -> float:
     total = sum(s["engine"][weight] for s in snapshots)
@@ -47,6 +49,13 @@ def summarize(snapshots: list[dict], wall_s: float | None = None) -> dict:
         "memory_peak_bytes": max((s["memory_peak_bytes"] for s in snapshots), default=0),
         "gpu_utilization": sum(utilizations) / len(utilizations) if utilizations else None,
     }
+
+
+def decoded_block_length(snapshots: list[dict], configured: int | None) -> int:
+    """The block the actors decoded with: configured, else the one their engines settled on (a
+    block-causal model's trained block), else the engine's default."""
+    return configured or next((s["block_length"] for s in snapshots if s.get("block_length")),
+                              DEFAULT_BLOCK_LENGTH)
 
 
 def latency_samples_by_bin(snapshots: list[dict], bin_tokens: int) -> dict[str, np.ndarray]:

@@ -1,0 +1,44 @@
+"""An engine settles its config against the model it runs: a block-causal model decodes in the block it
+was trained with unless told otherwise."""
+from __future__ import annotations
+
+import logging
+
+from engine.config import EngineConfig, SamplingParams
+from engine.engine import BlockServeEngine
+from engine.models.loader import load_model
+from tests.conftest import FIXTURES
+
+
+def test_a_block_causal_model_decodes_in_its_trained_block_unless_told_otherwise():
+    engine = BlockServeEngine.from_pretrained(FIXTURES / "tiny-sdar")  # config.json: block_size 4
+    assert engine.config.block_length == engine.runner.batch.block_length == 4
+    output = engine.generate([[5, 6, 7, 8, 9, 10]], SamplingParams(max_new_tokens=9, stop_at_eos=False))[0]
+    assert output.num_blocks == 3  # the first block holds 2 prompt tokens: 2 + 9 columns span 3 blocks of 4
+    assert len(output.token_ids) == 9
+
+
+def test_llada2_decodes_in_blocks_of_32_by_default():
+    engine = BlockServeEngine.from_pretrained(FIXTURES / "tiny-llada2")
+    assert engine.config.block_length == 32
+
+
+def test_a_full_attention_model_keeps_blocks_of_32_by_default():
+    engine = BlockServeEngine.from_pretrained("tiny")
+    assert engine.config.block_length == 32
+
+
+def test_another_block_on_a_block_causal_model_runs_with_one_warning_naming_the_trained_size(caplog):
+    lm = load_model(FIXTURES / "tiny-sdar")
+    with caplog.at_level(logging.WARNING, logger="engine.model_fit"):
+        engine = BlockServeEngine(lm, EngineConfig(block_length=8))
+        engine.generate([[5, 6, 7]], SamplingParams(max_new_tokens=8))
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert engine.config.block_length == 8
+    assert len(warnings) == 1 and "trained with blocks of 4" in warnings[0], warnings
+
+
+def test_the_trained_block_given_explicitly_runs_without_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="engine.model_fit"):
+        BlockServeEngine(load_model(FIXTURES / "tiny-sdar"), EngineConfig(block_length=4))
+    assert not caplog.records
