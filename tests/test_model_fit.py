@@ -1,11 +1,14 @@
 """An engine settles its config against the model it runs: a block-causal model decodes in the block it
-was trained with unless told otherwise."""
+was trained with unless told otherwise, and a family layout that would decode wrongly is refused at load."""
 from __future__ import annotations
 
 import logging
 
+import pytest
+
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import BlockServeEngine
+from engine.models import sdar
 from engine.models.loader import load_model
 from tests.conftest import FIXTURES
 
@@ -42,3 +45,9 @@ def test_the_trained_block_given_explicitly_runs_without_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="engine.model_fit"):
         BlockServeEngine(load_model(FIXTURES / "tiny-sdar"), EngineConfig(block_length=4))
     assert not caplog.records
+
+
+def test_a_block_causal_family_with_a_logit_shift_is_refused_at_load_naming_why(monkeypatch):
+    monkeypatch.setattr(sdar, "LOGIT_SHIFT", 1)  # a future family with both (Fast-dLLM v2 shifts its logits)
+    with pytest.raises(ValueError, match=r"sdar attends block-causally with logits shifted by 1.*wrong tokens"):
+        load_model(FIXTURES / "tiny-sdar")

@@ -122,6 +122,15 @@ def detect_family(config: dict, directory: Path) -> ModuleType:
                      f"(model_type={config.get('model_type')!r}, architectures={config.get('architectures')!r})")
 
 
+def check_layout(family: ModuleType, attention: str) -> None:
+    """Refuse a family whose layout the engine would decode wrongly: the block-causal input builders
+    place each block's logits at its own columns, so a logit shift would read every token one column off."""
+    if attention == "block_causal" and family.LOGIT_SHIFT:
+        raise ValueError(f"{family.FAMILY} attends block-causally with logits shifted by {family.LOGIT_SHIFT}: "
+                         "the block-causal steps read each token's logits at its own column and would decode "
+                         "wrong tokens, so this engine refuses the combination")
+
+
 def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
     """A ``tokenizer.json`` loads as a plain fast tokenizer (LLaDA's class; Dream names a remote-code
     class whose vocabulary is that same file); otherwise whatever AutoTokenizer finds, no remote code."""
@@ -187,6 +196,7 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     config = read_json(directory / "config.json")
     family = detect_family(config, directory)
     transformer_config = family.transformer_config(config)
+    check_layout(family, transformer_config.attention)
     with torch.device("meta"):
         transformer = BidirectionalTransformer(transformer_config)
     load_weights(transformer, directory, family.WEIGHT_NAMES.ours, torch.device(device), resolve_dtype(dtype))
