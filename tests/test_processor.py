@@ -35,7 +35,7 @@ def test_processor_rows_carry_rays_columns_and_equal_engine_generate(ray_cluster
         return {"messages": chat(row["question"]), "question": row["question"],
                 "sampling_params": {"max_tokens": 32 if row["id"] % 2 else 64}}
 
-    config = BlockServeProcessorConfig(model_source=tiny_model, actor={"engine": ENGINE, "torch_threads": 1},
+    config = BlockServeProcessorConfig(model_source=tiny_model, engine_kwargs=ENGINE, actor={"torch_threads": 1},
                                        concurrency=1, batch_size=4, num_cpus_per_actor=0.5,
                                        should_continue_on_error=True)
     processor = build_processor(
@@ -82,3 +82,30 @@ def test_the_stage_runs_blockserve_actor_or_a_subclass_named_by_import_path():
                   "BlockServeActor"):
         with pytest.raises(ValidationError, match="is not an importable BlockServeActor class"):
             BlockServeProcessorConfig(model_source="tiny", actor_class=wrong)
+
+
+def test_engine_kwargs_give_the_stage_the_same_actor_as_actor_engine():
+    from actors.ray_data.actor_config import ActorConfig
+    from actors.ray_data.processor import BlockServeProcessorConfig
+
+    by_ray_name = BlockServeProcessorConfig(model_source="tiny", engine_kwargs={"max_batch_size": 8},
+                                            actor={"torch_threads": 1}, concurrency=1, batch_size=4)
+    by_ours = BlockServeProcessorConfig(model_source="tiny", actor={"engine": {"max_batch_size": 8},
+                                                                    "torch_threads": 1}, concurrency=1, batch_size=4)
+    assert by_ray_name.actor_settings == by_ours.actor_settings
+    assert by_ray_name.actor_settings.engine.max_batch_size == 8
+    as_object = BlockServeProcessorConfig(model_source="tiny", engine_kwargs={"max_batch_size": 8},
+                                          actor=ActorConfig(engine={"threshold": 0.8}))
+    assert (as_object.actor.engine.max_batch_size, as_object.actor.engine.threshold) == (8, 0.8)
+
+
+def test_an_engine_field_given_both_ways_or_unknown_is_refused_by_name():
+    from pydantic import ValidationError
+
+    from actors.ray_data.processor import BlockServeProcessorConfig
+
+    with pytest.raises(ValidationError, match=r"engine_kwargs and actor.engine both set \['max_batch_size'\]"):
+        BlockServeProcessorConfig(model_source="tiny", engine_kwargs={"max_batch_size": 8},
+                                  actor={"engine": {"max_batch_size": 4}})
+    with pytest.raises(ValidationError, match=r"engine.max_num_seqs\s+Unexpected keyword argument"):
+        BlockServeProcessorConfig(model_source="tiny", engine_kwargs={"max_num_seqs": 8})

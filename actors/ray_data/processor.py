@@ -4,7 +4,7 @@
     from actors import BlockServeProcessorConfig  # loads actors.ray_data.processor, which registers it
 
     processor = build_processor(
-        BlockServeProcessorConfig(model_source="tiny", actor={"engine": {"block_length": 32}},
+        BlockServeProcessorConfig(model_source="tiny", engine_kwargs={"max_batch_size": 16},
                                   concurrency=2, batch_size=32, accelerator_type=None),
         preprocess=lambda row: {"messages": [{"role": "user", "content": row["question"]}],
                                 "sampling_params": {"max_tokens": 128}},
@@ -23,12 +23,13 @@ of every prompt through the object store).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 TESTED_RAY_VERSIONS = ("2.60",)  # major.minor of Ray this hook is tested with
 
@@ -47,8 +48,9 @@ check_ray_version()
 from ray.llm._internal.batch.processor.base import OfflineProcessorConfig, Processor, ProcessorBuilder  # noqa: E402  (after the version check)
 from ray.llm._internal.batch.stages.base import StatefulStage, StatefulStageUDF  # noqa: E402
 
-from actors.ray_data.actor_config import ActorConfig  # noqa: E402
+from actors.ray_data.actor_config import ActorConfig, offline_engine_config  # noqa: E402
 from actors.ray_data.batch_rows import INPUT_COLUMNS, input_rows  # noqa: E402
+from engine import EngineConfig  # noqa: E402
 
 DEFAULT_ACTOR_CLASS = "actors.ray_data.block_serve_actor.BlockServeActor"
 
@@ -58,8 +60,13 @@ class BlockServeProcessorConfig(OfflineProcessorConfig):
 
     Inherited from Ray: ``model_source`` ("tiny", a checkpoint directory or a hub id: the actor's
     model), ``batch_size``, ``concurrency`` (actors; an int is a fixed pool), ``accelerator_type``,
-    ``runtime_env``, ``max_concurrent_batches``, ``should_continue_on_error`` (the actor's too)."""
+    ``runtime_env``, ``max_concurrent_batches``, ``should_continue_on_error`` (the actor's too).
+    ``engine_kwargs`` is the name ``vLLMEngineProcessorConfig`` gives the engine's settings: here they
+    are EngineConfig fields, merged into ``actor.engine``."""
 
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="EngineConfig fields, as "
+                                          "vLLMEngineProcessorConfig's engine_kwargs; merged into actor.engine, "
+                                          "and a field given both ways is an error")
     actor: ActorConfig = Field(default_factory=ActorConfig, description="the actor's settings "
                                "(actors/ray_data/actor_config.py); its model is model_source")
     num_gpus_per_actor: float = Field(0.0, ge=0.0, description="0 on CPU clusters; 1 per engine on GPUs")
@@ -78,11 +85,40 @@ class BlockServeProcessorConfig(OfflineProcessorConfig):
         return self.actor.model_copy(update={"model": self.model_source,
                                              "should_continue_on_error": self.should_continue_on_error})
 
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_kwargs_into_actor(cls, values: Any) -> Any:
+        if not isinstance(values, dict) or not values.get("engine_kwargs"):
+            return values
+        return {**values, "actor": with_engine_kwargs(values.get("actor", {}), dict(values["engine_kwargs"]))}
+
     @field_validator("actor_class")
     @classmethod
     def _importable(cls, path: str) -> str:
         actor_class(path)  # a typo fails here, on the driver, not in every actor
         return path
+
+
+def with_engine_kwargs(actor: ActorConfig | dict[str, Any], engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The actor's settings as a dict, its engine's given fields joined by ``engine_kwargs``; a field
+    given both ways raises ValueError naming it."""
+    settings = ({name: getattr(actor, name) for name in actor.model_fields_set}
+                if isinstance(actor, ActorConfig) else dict(actor))
+    engine = given_engine_fields(settings.get("engine", {}))
+    both = sorted(set(engine) & set(engine_kwargs))
+    if both:
+        raise ValueError(f"engine_kwargs and actor.engine both set {both}: give each EngineConfig field once")
+    return {**settings, "engine": {**engine, **engine_kwargs}}
+
+
+def given_engine_fields(engine: EngineConfig | dict[str, Any]) -> dict[str, Any]:
+    """The fields of ``engine`` that were given: a dict's keys, or an EngineConfig's fields that differ
+    from the offline defaults."""
+    if isinstance(engine, dict):
+        return dict(engine)
+    defaults = offline_engine_config()
+    return {field.name: getattr(engine, field.name) for field in dataclasses.fields(engine)
+            if getattr(engine, field.name) != getattr(defaults, field.name)}
 
 
 def actor_class(path: str) -> type:
