@@ -8,8 +8,10 @@ allows.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from engine import EngineConfig, SamplingParams
-from engine.config import blocks_needed
+from engine.config import DEFAULT_BLOCK_LENGTH, blocks_needed
 from engine.outputs import RowResult, RunnerOutput
 from engine.request import Request
 from engine.scheduler import Scheduler
@@ -18,7 +20,9 @@ from engine.scheduler import Scheduler
 def simulate_schedule(prompt_lengths: list[int], max_new_tokens: list[int], config: EngineConfig,
                       token_budget: int, max_row_width: int | None = None) -> dict:
     """Rows and boxes of every step when each request runs to its cap and every block takes
-    ``steps_per_block`` steps (``block_length`` without a cap: one token a step, the worst case)."""
+    ``steps_per_block`` steps (``block_length`` without a cap: one token a step, the worst case). An
+    unset ``block_length`` is a full-attention model's default, as the engine settles it."""
+    config = dataclasses.replace(config, block_length=config.block_length or DEFAULT_BLOCK_LENGTH)
     max_row_width = max_row_width or token_budget
     scheduler = Scheduler(config, token_budget, max_row_width)
     for number, (prompt_length, cap) in enumerate(zip(prompt_lengths, max_new_tokens)):
