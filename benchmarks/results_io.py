@@ -11,6 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 OLD_LABELS = {"step": "continuous", "block": "block_sync", "blockserve": "block_sync"}
 """System labels of results stored before the systems took their engine schedules' names."""
 OLD_KEYS = {"speedup_of_block": "speedup_of_block_sync"}
@@ -49,8 +50,14 @@ def versions() -> dict[str, str]:
 def meta(argv: list[str]) -> dict:
     return {"command": "python -m benchmarks " + shlex.join(argv),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": machine_description(), "versions": versions(), "cwd": os.getcwd(),
-            "argv0": sys.argv[0]}
+            "machine": machine_description(), "versions": versions(), "cwd": portable_path(os.getcwd()),
+            "argv0": portable_path(sys.argv[0])}
+
+
+def portable_path(path: str) -> str:
+    """``path`` relative to this repository when it lies inside it: a record names no machine's folders."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else path
 
 
 def write_results(out: Path, name: str, payload: dict, argv: list[str]) -> Path:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 SHIMS = Path(__file__).resolve().parent / "shims"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = "blockserve-peer-reference/1"
 
 
@@ -81,16 +82,23 @@ def git_blob(path: Path) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def portable_path(path: str | Path) -> str:
+    """``path`` relative to this repository when it lies inside it: a record names no machine's folders."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
+
+
 def peer_record(peer_dir: str, repo: str, commit: str, files: dict[str, str]) -> dict:
     """Where the peer code came from: repo, commit, and for each file its source path and blob id."""
     root = Path(peer_dir).resolve()
-    return {"repo": repo, "commit": commit, "dir": str(root),
+    return {"repo": repo, "commit": commit, "dir": portable_path(root),
             "files": {name: {"source": source, "git_blob": git_blob(root / name)} for name, source in files.items()}}
 
 
 def environment(transformers_module, dtype: str = "float32") -> dict:
-    return {"transformers": transformers_module.__version__, "transformers_path": transformers_module.__file__,
-            "torch": torch.__version__, "python": platform.python_version(), "device": "cpu", "dtype": dtype}
+    return {"transformers": transformers_module.__version__,
+            "transformers_path": portable_path(transformers_module.__file__), "torch": torch.__version__,
+            "python": platform.python_version(), "device": "cpu", "dtype": dtype}
 
 
 def special_ids(checkpoint: str, config: dict, generation: dict) -> set[int]:

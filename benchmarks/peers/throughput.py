@@ -104,7 +104,12 @@ def summarize(args: argparse.Namespace, prompts: list[list[int]], rounds: list[d
             "median_peer_tokens_per_s": statistics.median(r["peer_tokens_per_s"] for r in rounds),
             "median_our_tokens_per_s": statistics.median(r["our_tokens_per_s"] for r in rounds),
             "tokens_identical": all(r["prompts_equal"] == r["prompts"] for r in rounds),
-            "our_stats_last_round": ours["stats"], "commands": {"peer": peer_command, "ours": ours_command}}
+            "our_stats_last_round": ours["stats"],
+            "commands": {"peer": portable_command(peer_command), "ours": portable_command(ours_command)}}
+
+
+def portable_command(command: list[str]) -> list[str]:
+    return [pc.portable_path(part) if part.startswith("/") else part for part in command]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
