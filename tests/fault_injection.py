@@ -5,8 +5,9 @@ get written): ``"crash"`` ends the process of the actor's first incarnation (Ray
 retries the batch), ``"engine"`` makes the first incarnation's next engine step raise (the engine loop
 dies and the actor ends its process the production way, reporting the cause), ``"error"`` raises (the
 job fails). ``ExitOnPrompt`` ends the actor's process whenever a batch holding a given prompt reaches
-the engine, on every incarnation: a batch that kills its actor every time. The pipeline tests select
-them with ``actors.actor_class=tests.fault_injection.<Name>``.
+the engine, on every incarnation: a batch that kills its actor every time. ``ExitAtEntry`` does the same
+at the entry of its own ``generate_rows`` or ``__call__``, before calling the base class's. The pipeline
+tests select them with ``actors.actor_class=tests.fault_injection.<Name>``.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import logging
 import os
 from typing import Any, Literal
 
+from actors.ray_data.batch_rows import Batch, input_rows
 from actors.ray_data.block_serve_actor import BlockServeActor
 
 logger = logging.getLogger(__name__)
@@ -57,3 +59,28 @@ class ExitOnPrompt(BlockServeActor):
             logger.error("injected process exit on prompt %r", self.exit_on_prompt)
             os._exit(1)
         return await super()._serve(rows, placement)
+
+
+class ExitAtEntry(BlockServeActor):
+    """Ends its process on every incarnation as the first statement of its own ``exit_at`` door
+    (``generate_rows`` or ``__call__``) when the batch holds ``exit_on_prompt``."""
+
+    def __init__(self, *, exit_on_prompt: str, exit_at: Literal["generate_rows", "__call__"] = "generate_rows",
+                 **kwargs: Any):
+        if exit_at not in ("generate_rows", "__call__"):
+            raise ValueError(f"exit_at must be 'generate_rows' or '__call__', got {exit_at!r}")
+        super().__init__(**kwargs)
+        self.exit_on_prompt, self.exit_at = exit_on_prompt, exit_at
+
+    async def __call__(self, batch: Batch) -> Batch:
+        self._exit_on("__call__", input_rows(batch, self.columns))
+        return await super().__call__(batch)
+
+    async def generate_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self._exit_on("generate_rows", rows)
+        return await super().generate_rows(rows)
+
+    def _exit_on(self, door: str, rows: list[dict[str, Any]]) -> None:
+        if door == self.exit_at and self.in_ray_actor and any(r.get("prompt") == self.exit_on_prompt for r in rows):
+            logger.error("injected process exit at the entry of %s on prompt %r", door, self.exit_on_prompt)
+            os._exit(1)

@@ -1,9 +1,15 @@
-"""The death ledger and the batch gate, without Ray: who is charged when an actor dies, and who runs alone."""
+"""The death ledger and the batch gate: who is charged when an actor dies, and who runs alone (without
+Ray); then real jobs whose actor's process ends at the entry of its door, before the base class's code."""
 from __future__ import annotations
 
 import asyncio
+import json
+import uuid
+
+import pytest
 
 from actors.ray_data.batch_deaths import UNREPORTED_CAUSE, BatchGate, DeathLedger, batch_identity, refusal_message
+from tests.pipeline_helpers import demo_rows, freeze_tiny_model, read_outputs, run_small_job
 
 ROWS_A = [{"prompt": "count from 1 to 5"}, {"prompt": "repeat ab 3 times"}]
 ROWS_B = [{"messages": [{"role": "user", "content": "count from 7 to 9"}]}]
@@ -81,3 +87,76 @@ def test_a_batch_that_runs_alone_waits_for_the_engine_to_empty_and_holds_back_th
 
     assert asyncio.run(scenario()) == ["first in", "first out", "suspect in", "suspect out", "later in",
                                        "later out"]
+
+
+# --------------------------------------------------------------------------------------------------
+# A process that ends at the door: the batch was recorded before the door's own code ran
+# --------------------------------------------------------------------------------------------------
+
+POISON = {"id": "poison-0", "prompt": "count from 3 to 11, the row that ends its actor"}
+CHARGED_TWICE = "was running in 2 engine deaths and is not run again"
+
+
+def test_a_subclass_door_that_is_not_a_coroutine_is_refused_when_the_class_is_defined():
+    from actors.ray_data.block_serve_actor import BlockServeActor
+
+    with pytest.raises(TypeError, match="Blocking.generate_rows must be a coroutine function"):
+        class Blocking(BlockServeActor):
+            def generate_rows(self, rows):
+                return rows
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return str(freeze_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
+
+
+def assert_only_the_poison_batch_flagged(rows: list[dict], source: list[dict], batch_size: int) -> None:
+    assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in source)  # every id, once
+    flagged = [r for r in rows if r["__inference_error__"]]
+    assert POISON["id"] in {r["id"] for r in flagged} and len(flagged) <= batch_size
+    for row in flagged:
+        assert CHARGED_TWICE in row["__inference_error__"]
+        assert UNREPORTED_CAUSE in row["__inference_error__"]
+    assert all(r["finish_reason"] in ("eos", "length") for r in rows if not r["__inference_error__"])
+
+
+def test_a_job_whose_actor_dies_at_generate_rows_entry_flags_that_batch_and_writes_the_rest(
+        ray_cluster, tiny_model, tmp_path):
+    source = demo_rows(8, start=600) + [POISON]
+    input_path = tmp_path / "prompts.jsonl"
+    input_path.write_text("".join(json.dumps(row) + "\n" for row in source))
+    output = tmp_path / "out"
+    code = run_small_job(tiny_model, output, "actors.actor_class=tests.fault_injection.ExitAtEntry",
+                         f"actors.actor_options.exit_on_prompt={json.dumps(POISON['prompt'])}",
+                         input_path=input_path)
+    assert code == 0
+    assert_only_the_poison_batch_flagged(read_outputs(output), source, batch_size=4)
+    deaths = json.loads((output / "stats.json").read_text())["actor_deaths"]
+    assert len(deaths) == 2 and all(death["cause"] == UNREPORTED_CAUSE for death in deaths)
+
+
+def test_a_users_pipeline_whose_actor_dies_at_call_entry_flags_that_batch_and_returns_the_rest(
+        ray_cluster, tiny_model):
+    import ray
+
+    from actors.ray_data.stats_registry import start_stats_registry
+    from tests.fault_injection import ExitAtEntry
+
+    source = [{"id": r["id"], "prompt": r["prompt"]} for r in demo_rows(8, start=620)] + [POISON]
+    registry_name = f"stats-{uuid.uuid4().hex[:8]}"
+    registry = start_stats_registry(registry_name)
+    ds = ray.data.from_items(source).map_batches(
+        ExitAtEntry, batch_size=4, num_cpus=0.25, max_restarts=8, max_task_retries=4,
+        compute=ray.data.ActorPoolStrategy(size=1, max_concurrent_calls_per_actor=2),
+        fn_constructor_kwargs={"model": tiny_model, "sampling": {"max_new_tokens": 32}, "chat_template": True,
+                               "torch_threads": 1, "stats_actor": registry_name,
+                               "exit_on_prompt": POISON["prompt"], "exit_at": "__call__"})
+    ds.context.wait_for_min_actors_s = 300
+    try:
+        rows = ds.take_all()
+        deaths = ray.get(registry.deaths.remote())
+    finally:
+        ray.kill(registry)
+    assert_only_the_poison_batch_flagged(rows, source, batch_size=4)
+    assert len(deaths) == 2

@@ -26,7 +26,9 @@ process: Ray restarts the actor (up to the processor's ``max_restarts``) and ret
 held, so the job still writes every row once. A process left alive would fail every later batch, and
 Ray only retries batches whose actor died. Outside Ray, the batch raises instead. With ``stats_actor``
 set, the registry also learns of each death and its cause, and a batch that was running in
-``max_batch_deaths`` of them is not run again (:mod:`actors.ray_data.batch_deaths`).
+``max_batch_deaths`` of them is not run again (:mod:`actors.ray_data.batch_deaths`). Each door records
+its batch before any code of the actor runs on it, a subclass's override of the door included
+(:mod:`actors.ray_data.batch_admission`), so a death anywhere in the actor is charged to its batch.
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ import torch
 from actors.engine_loop import EngineLoop
 from actors.ray_data.actor_config import ActorConfig
 from actors.ray_data.actor_stats import ActorStats
-from actors.ray_data.batch_deaths import BatchGate, BatchIdentity, batch_identity, refusal_message
+from actors.ray_data.batch_admission import Door, admitting, wrap_overridden_doors
+from actors.ray_data.batch_deaths import BatchGate
 from actors.ray_data.batch_rows import Batch, input_rows, is_missing, with_columns
 from actors.ray_data.device_stats import UtilizationSampler, memory_peak
 from actors.ray_data.placement import current_placement
@@ -56,6 +59,12 @@ __all__ = ["BlockServeActor", "RowError"]
 logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 5.0  # how often a waiting batch asks whether the engine loop still steps
+
+# the entry points of a batch, each admitted to the death ledger before its code runs (batch_admission)
+CALL_DOOR = Door(rows=lambda actor, batch: input_rows(batch, actor.columns),
+                 answer=lambda actor, batch, outputs: with_columns(batch, output_columns(outputs)))
+ROWS_DOOR = Door(rows=lambda actor, rows: rows, answer=lambda actor, rows, outputs: outputs)
+DOORS = {"__call__": CALL_DOOR, "generate_rows": ROWS_DOOR}
 
 
 class BlockServeActor:
@@ -88,6 +97,10 @@ class BlockServeActor:
                                on_death=self._end_process if self.in_ray_actor else None).start()
         self.stats = ActorStats()
 
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        wrap_overridden_doors(cls, DOORS)  # so a subclass's door cannot end the process unrecorded
+
     @property
     def actor_id(self) -> str:
         return self.placement.actor_id
@@ -100,20 +113,33 @@ class BlockServeActor:
     def in_ray_actor(self) -> bool:
         return self.placement.in_ray_actor
 
+    @property
+    def row_placement(self) -> dict[str, str]:
+        """Where a row ran: the ``actor_id``, ``node_id`` and ``device`` columns."""
+        return dict(actor_id=self.actor_id, node_id=self.placement.node_id, device=str(self.device))
+
+    @admitting(CALL_DOOR)
     async def __call__(self, batch: Batch) -> Batch:
         """``map_batches``: the batch (any Ray Data format) plus the output columns."""
         outputs = await self.generate_rows(input_rows(batch, self.columns))
         return with_columns(batch, output_columns(outputs))
 
+    @admitting(ROWS_DOOR)
     async def generate_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """One output dict (the ``OUTPUT_SCHEMA`` columns) per row dict, in order. A row holds
         ``messages`` or ``prompt``, and optionally ``sampling_params``."""
         started = time.perf_counter()
-        placement = dict(actor_id=self.actor_id, node_id=self.placement.node_id, device=str(self.device))
-        if self.registry is None:
-            outputs = await self._serve(rows, placement)
-        else:
-            outputs = await self._serve_tracked(batch_identity(rows), rows, placement)
+        return await self._finish(rows, await self._serve(rows, self.row_placement), started)
+
+    async def refuse(self, rows: list[dict[str, Any]], message: str) -> list[dict[str, Any]]:
+        """The output rows of a batch that is not run: each one's error is ``message``."""
+        logger.error("%s", message)
+        outputs = [output_row(message, self.row_placement) for _ in rows]
+        return await self._finish(rows, outputs, time.perf_counter())
+
+    async def _finish(self, rows: list[dict[str, Any]], outputs: list[dict[str, Any]],
+                      started: float) -> list[dict[str, Any]]:
+        """Count the batch, fail it on a bad row if told to, and report the stats before it returns."""
         self.stats.record(outputs)
         if not self.config.should_continue_on_error:
             raise_first_error(outputs)
@@ -123,21 +149,6 @@ class BlockServeActor:
                     time.perf_counter() - started, self.actor_id[:8], self.stats.rows,
                     self.loop.stats.generated_tokens)
         return outputs
-
-    async def _serve_tracked(self, batch: BatchIdentity, rows: list[dict[str, Any]],
-                             placement: dict[str, str]) -> list[dict[str, Any]]:
-        """The batch as the registry's ledger allows: refused after ``max_batch_deaths``, alone after
-        one, beside other batches otherwise; running in the ledger while in the engine."""
-        record = await self.registry.batch_record(batch)
-        if record.deaths >= self.config.max_batch_deaths:
-            logger.error("%s", refusal_message(record))
-            return [output_row(refusal_message(record), placement) for _ in rows]
-        async with self.gate.enter(alone=record.deaths > 0):
-            await self.registry.batch_started(batch)
-            try:
-                return await self._serve(rows, placement)
-            finally:  # not reached when the process ends: the batch stays running in the ledger
-                await self.registry.batch_finished(batch.key)
 
     async def _serve(self, rows: list[dict[str, Any]], placement: dict[str, str]) -> list[dict[str, Any]]:
         requests = [self._request_of(row) for row in rows]
