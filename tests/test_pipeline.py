@@ -138,6 +138,15 @@ def test_stats_add_up_across_actors_and_the_incarnations_of_a_restarted_actor():
     assert "TOTAL (2)" in format_table(stats)
 
 
+def test_latency_bins_follow_the_block_the_actors_decoded_with():
+    from pipeline.stats import decoded_block_length
+
+    settled = [snapshot("a", 4, 100, 10, 1.0, 2.0) | {"block_length": 4}]
+    assert decoded_block_length(settled, configured=None) == 4  # an SDAR checkpoint's trained block
+    assert decoded_block_length(settled, configured=8) == 8
+    assert decoded_block_length([snapshot("a", 4, 100, 10, 1.0, 2.0)], configured=None) == 32
+
+
 # --------------------------------------------------------------------------------------------------
 # Runs
 # --------------------------------------------------------------------------------------------------

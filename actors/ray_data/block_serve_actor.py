@@ -163,7 +163,7 @@ class BlockServeActor:
         engine_stats = self.loop.stats.to_dict()
         identity = {"actor_id": self.actor_id, "instance_id": self.instance_id,
                     "node_id": self.placement.node_id, "device": str(self.device), "model": self.model_name,
-                    "restarted": self.restarted}
+                    "restarted": self.restarted, "block_length": self.engine.config.block_length}
         compiled = self.engine.lm.model.compiled
         return self.stats.snapshot(
             identity, busy_s=engine_stats["elapsed_s"], active_s=self.loop.active_s, idle_s=self.loop.idle_s,
