@@ -1,16 +1,15 @@
 """What a request must satisfy to ever run: the one check behind ``BlockServeEngine.add_request``, the
 OpenAI server's 400s and a Ray Data row's error.
 
-A request's row is its prompt plus its canvas (``max_new_tokens`` rounded up to whole blocks); the row
-must fit the model's maximum length, the token budget (a box of one row) and ``max_model_len``. A
-block-causal family's blocks sit at multiples of the block length from the prompt's start
-(``absolute_blocks``), so its row is ``prompt + max_new_tokens`` rounded up to whole blocks.
+A request's row is its prompt plus its canvas, the whole blocks its answer spans (``RowLayout.answer_blocks``);
+the row must fit the model's maximum length, the token budget (a box of one row) and ``max_model_len``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import SamplingParams, answer_blocks, blocks_needed
+from engine.config import SamplingParams, blocks_needed
+from engine.layout import RowLayout
 
 
 class AdmissionError(ValueError):
@@ -29,11 +28,11 @@ class AdmissionLimits:
     model_max_length: int
     token_budget: int
     max_model_len: int  # the engine's widest row (resolved: <= the model's length and the budget)
-    absolute_blocks: bool = False  # blocks at multiples of block_length from the prompt's start
+    layout: RowLayout = RowLayout("a full-attention model")
 
     def row_width(self, prompt_tokens: int, max_new_tokens: int) -> int:
         """Prompt plus canvas: the columns a request of these sizes occupies."""
-        lead, blocks = answer_blocks(prompt_tokens, max_new_tokens, self.block_length, self.absolute_blocks)
+        lead, blocks = self.layout.answer_blocks(prompt_tokens, max_new_tokens, self.block_length)
         return prompt_tokens - lead + blocks * self.block_length
 
     def check_params(self, params: object) -> None:
@@ -51,10 +50,7 @@ class AdmissionLimits:
 
     def prompt_room(self, params: SamplingParams) -> int:
         """The most prompt tokens that fit beside the canvas in the widest row."""
-        if self.absolute_blocks:  # the row is prompt + max_new_tokens rounded up to whole blocks
-            whole_blocks = self.max_model_len // self.block_length * self.block_length
-            return max(whole_blocks - params.max_new_tokens, 0)
-        return max(self.max_model_len - self.canvas_tokens(params), 0)
+        return self.layout.prompt_room(self.max_model_len, params.max_new_tokens, self.block_length)
 
     def check_width(self, prompt_tokens: int, params: SamplingParams) -> None:
         """The row (prompt + canvas) must fit every limit; the prompt is at fault when even one block

@@ -38,7 +38,7 @@ class PersistentBatch:
                  window_lookback: int = 0):
         device = lm.device
         self.width, self.block_length, self.cache_mode = width, block_length, cache_mode
-        self.block_causal = lm.attention == "block_causal"  # rows left-aligned; finished blocks stay cached
+        self.layout = lm.layout
         self.mask_id, self.pad_id, self.logit_shift = lm.special_ids.mask_id, lm.special_ids.pad_id, lm.logit_shift
         self.vocab_size = lm.vocab_size
         self.window_lookback = window_lookback  # columns a window starts before the block (<= logit_shift)
@@ -77,7 +77,7 @@ class PersistentBatch:
     # -- rows --------------------------------------------------------------------------------------
     def row_start(self, request: Request) -> int:
         """Batch column of the request's first prompt token."""
-        return 0 if self.block_causal else self.width - request.width
+        return 0 if self.layout.left_aligned else self.width - request.width
 
     def block_start(self, request: Request) -> int:
         """Batch column of the first token of the request's current block."""
@@ -124,7 +124,7 @@ class PersistentBatch:
             holder = self._owners.get(hole)
             if holder is not None:
                 holder_row = self._row(hole)
-                holder_cache = self.kv_cache.data[:, hole].clone() if self.block_causal else None
+                holder_cache = self.kv_cache.data[:, hole].clone() if self.layout.stores_finished_blocks else None
                 self._write_row(hole, self._row(vacated), cache_from=vacated)
                 self._write_row(vacated, holder_row)
                 if holder_cache is not None:

@@ -25,17 +25,6 @@ def blocks_needed(num_tokens: int, block_length: int) -> int:
     return -(-num_tokens // block_length)
 
 
-def answer_blocks(prompt_length: int, max_new_tokens: int, block_length: int,
-                  absolute_blocks: bool) -> tuple[int, int]:
-    """``(lead, blocks)`` of a request: its prompt tokens inside its first answer block, and the blocks
-    its answer spans. Full-attention families start the answer on a block (lead 0). Block-causal
-    families (``absolute_blocks``) place blocks at multiples of ``block_length`` from the prompt's
-    start, so the first answer block also holds the prompt's last ``prompt_length % block_length``
-    tokens."""
-    lead = prompt_length % block_length if absolute_blocks else 0
-    return lead, blocks_needed(lead + max_new_tokens, block_length)
-
-
 def window_lookback(config: EngineConfig, logit_shift: int) -> int:
     """Columns a cached window starts before its block: Fast-dLLM's Dream windows start at the block."""
     return logit_shift if config.shifted_decoding == "lookback" else 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from engine.admission import AdmissionError, AdmissionLimits
-from engine.config import EngineConfig, SamplingParams, answer_blocks
+from engine.config import EngineConfig, SamplingParams
 from engine.memory import check_arena_fits
 from engine.model_fit import config_for_model
 from engine.models.loader import DiffusionLM, load_model
@@ -28,9 +28,8 @@ class BlockServeEngine:
         self.config = config_for_model(config or EngineConfig(), lm)
         self.token_budget = self.config.resolved_token_budget(lm.max_length)
         self.max_row_width = self.config.resolved_max_model_len(lm.max_length)
-        self.absolute_blocks = lm.attention == "block_causal"
         self.limits = AdmissionLimits(self.config.block_length, lm.vocab_size, lm.max_length,
-                                      self.token_budget, self.max_row_width, self.absolute_blocks)
+                                      self.token_budget, self.max_row_width, lm.layout)
         check_arena_fits(lm, self.config)  # before allocating: a batch that cannot fit fails by name
         self.scheduler = Scheduler(self.config, self.token_budget, self.max_row_width)
         self.runner = ModelRunner(lm, self.config, self.max_row_width)
@@ -98,8 +97,8 @@ class BlockServeEngine:
     def _prepare(self, request: Request, prompt: Prompt) -> None:
         """Tokenize and size the request; AdmissionError if it can never run."""
         request.prompt_token_ids = self.tokenize(prompt, request.params)
-        request.lead, request.cap_blocks = answer_blocks(request.prompt_length, request.params.max_new_tokens,
-                                                         self.config.block_length, self.absolute_blocks)
+        request.lead, request.cap_blocks = self.lm.layout.answer_blocks(
+            request.prompt_length, request.params.max_new_tokens, self.config.block_length)
         request.canvas_blocks = request.cap_blocks
         request.seed = request.params.seed if request.params.seed is not None else (
             self._seed_source.getrandbits(31))

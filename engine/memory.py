@@ -55,7 +55,7 @@ def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     hidden, intermediate = model_config.hidden_size, model_config.intermediate_size
     block_length = block_length_for(config, lm)
     per_token = 6 * hidden + 3 * intermediate + model_config.num_heads * width
-    if model_config.attention == "block_causal":  # one mask row of every query: [rows, 1, queries, keys]
+    if lm.layout.block_causal:  # one mask row of every query: [rows, 1, queries, keys]
         per_token += width
     if model_config.moe is not None:  # each routed copy of a token: gate/up, its product, its output
         moe = model_config.moe

@@ -54,7 +54,7 @@ def reference_generate(
     seed: int = 0, stop_at_eos: bool = True, shifted_decoding: str = "fast-dllm", top_k: int = 0,
     top_p: float = 1.0, logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
 ) -> ReferenceResult:
-    if lm.attention == "block_causal":  # blocks at absolute positions, no shift: its own loop
+    if lm.layout.stores_finished_blocks:  # blocks at absolute positions, each stored once: its own loop
         settings = dict(rule=rule, cache=cache, temperature=temperature, seed=seed, stop_at_eos=stop_at_eos,
                         top_k=top_k, top_p=top_p, logit_bias=logit_bias, logprobs=logprobs)
         return block_causal_generate(lm, prompt_ids, max_new_tokens=max_new_tokens, block_length=block_length,

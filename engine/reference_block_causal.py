@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import answer_blocks
 from engine.decoding import DecodeRule, propose_tokens, select_commits
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
@@ -44,7 +43,7 @@ def block_causal_generate(
     prompt_length, mask_id, device = len(prompt_ids), lm.special_ids.mask_id, lm.device
     if not prompt_ids or max_new_tokens <= 0:
         raise ValueError("the prompt must be non-empty and max_new_tokens positive")
-    lead, num_blocks = answer_blocks(prompt_length, max_new_tokens, block_length, absolute_blocks=True)
+    lead, num_blocks = lm.layout.answer_blocks(prompt_length, max_new_tokens, block_length)
     first = prompt_length - lead  # column of the first answer block
     width = first + num_blocks * block_length
     if width > lm.max_length:

@@ -12,7 +12,7 @@ import time
 import torch
 
 from engine.batch import PersistentBatch
-from engine.batch_inputs import StepBatch, prepare_inputs
+from engine.batch_inputs import StepBatch, prepare_inputs, step_parts
 from engine.config import EngineConfig, window_lookback
 from engine.decoding import Sampling, decode_rule, gumbel_noise, propose_tokens, select_commits
 from engine.logit_processors import token_logprobs
@@ -27,6 +27,7 @@ class ModelRunner:
         self.rule = decode_rule(config, lm.logit_shift)
         self.batch = PersistentBatch(lm, config.max_batch_size, max_row_width, config.block_length, config.cache,
                                      window_lookback=window_lookback(config, lm.logit_shift))
+        self.parts = step_parts(lm.layout)
         self._stop_ids = torch.tensor(lm.special_ids.stop_ids, device=lm.device)
 
     @torch.no_grad()
@@ -36,15 +37,9 @@ class ModelRunner:
             self.batch.place(request)
         if not scheduled.num_rows:
             return RunnerOutput(rows={}, model_time_s=0.0)
-        refresh, window = scheduled.refresh, scheduled.window
-        if self.batch.kv_cache is None:  # without a cache every step is a whole-row forward
-            refresh, window = [*refresh, *window], []
-        elif self.batch.block_causal:  # only admitted rows prefill; a row starting a block continues in the window
-            admitted = {id(request) for request in scheduled.admitted}
-            window = [*window, *(r for r in refresh if id(r) not in admitted)]
-            refresh = [r for r in refresh if id(r) in admitted]
+        whole, window = self.parts.assign(self.batch, scheduled)
         self.batch.pack_window_rows(window)
-        inputs = prepare_inputs(self.batch, refresh, window)
+        inputs = prepare_inputs(self.batch, self.parts, whole, window)
         started = time.perf_counter()
         rows = self._run(inputs)
         return RunnerOutput(rows=rows, model_time_s=time.perf_counter() - started, record=inputs.record)

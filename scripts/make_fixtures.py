@@ -42,10 +42,11 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from engine.models.config import MoEConfig, TransformerConfig
+from engine.models.families import FAMILIES, CheckpointIds, family_named
 from engine.models.moe import Router
 from engine.models.transformer import BidirectionalTransformer
 from tinylm import tokenizer as llada_tokenizer
-from tinylm.export import dream_config_json, llada2_config_json, llada_config_json, save_checkpoint, sdar_config_json
+from tinylm.export import save_checkpoint
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 SEED = 1234
@@ -173,7 +174,7 @@ def make_llada(directory: Path, generator: torch.Generator) -> None:
         ("eos", llada_tokenizer.EOS), ("bos", llada_tokenizer.BOS), ("mask", llada_tokenizer.MASK))}
     config = llada_transformer_config(len(tokenizer))
     model = random_model(config, generator)
-    config_json = llada_config_json(config, mask_id=ids["mask"], eos_id=ids["eos"], pad_id=ids["eos"])
+    config_json = family_named("llada").config_json(config, CheckpointIds(ids["mask"], ids["eos"], ids["eos"]), None)
     config_json["torch_dtype"] = "float32"
     save_checkpoint(model, directory, "llada", config_json, dtype=torch.float32)
     shard_checkpoint(directory)
@@ -188,8 +189,8 @@ def make_dream(directory: Path, generator: torch.Generator) -> None:
         ("eos", DREAM_EOS), ("mask", DREAM_MASK), ("im_end", DREAM_IM_END))}
     config = dream_transformer_config(len(tokenizer))
     model = random_model(config, generator)
-    config_json = dream_config_json(config, mask_id=ids["mask"], eos_id=ids["eos"], pad_id=ids["eos"],
-                                    bos_id=ids["eos"])
+    config_json = family_named("dream").config_json(
+        config, CheckpointIds(ids["mask"], ids["eos"], ids["eos"], bos_id=ids["eos"]), None)
     config_json["torch_dtype"] = "float32"
     save_checkpoint(model, directory, "dream", config_json, dtype=torch.float32)
     tokenizer.save_pretrained(str(directory))
@@ -220,8 +221,8 @@ def make_sdar(directory: Path, generator: torch.Generator) -> None:
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SDAR_SPECIAL_TOKENS}
     config = sdar_transformer_config(len(tokenizer))
     model = sharpened(random_model(config, generator), ids["<|MASK|>"])
-    config_json = sdar_config_json(config, mask_id=ids["<|MASK|>"], eos_id=ids[DREAM_EOS], pad_id=ids[DREAM_EOS],
-                                   block_size=4)
+    config_json = family_named("sdar").config_json(
+        config, CheckpointIds(ids["<|MASK|>"], ids[DREAM_EOS], ids[DREAM_EOS]), 4)
     config_json["torch_dtype"] = "float32"
     save_checkpoint(model, directory, "sdar", config_json, dtype=torch.float32)
     tokenizer.save_pretrained(str(directory))
@@ -239,11 +240,16 @@ def make_llada2(directory: Path, generator: torch.Generator) -> None:
         for module in model.modules():
             if isinstance(module, Router):  # nonzero: a mis-applied bias changes which experts run
                 module.expert_bias.copy_(0.1 * torch.randn(module.expert_bias.shape, generator=generator))
-    config_json = llada2_config_json(config, pad_id=ids[DREAM_EOS])
+    config_json = family_named("llada2").config_json(
+        config, CheckpointIds(ids[LLADA2_MASK], ids[DREAM_EOS], ids[DREAM_EOS]), None)
     config_json["torch_dtype"] = "float32"
     save_checkpoint(model, directory, "llada2", config_json, dtype=torch.float32)
     tokenizer.save_pretrained(str(directory))
     write_json(directory / "generation_config.json", {"eos_token_id": ids[DREAM_EOS], "pad_token_id": ids[DREAM_EOS]})
+
+
+MAKERS = {"llada": make_llada, "dream": make_dream, "sdar": make_sdar, "llada2": make_llada2}  # by family name:
+# every family of the registry has its fixture, written in the registry's order
 
 
 def make_fixtures(out_dir: Path | str = DEFAULT_OUT, names: tuple[str, ...] = ()) -> tuple[Path, ...]:
@@ -253,8 +259,7 @@ def make_fixtures(out_dir: Path | str = DEFAULT_OUT, names: tuple[str, ...] = ()
     (the committed tiny-dream predates the fused q/k/v draw order: rewrite only the new fixtures)."""
     out_dir = Path(out_dir)
     generator = torch.Generator().manual_seed(SEED)
-    makers = {"tiny-llada": make_llada, "tiny-dream": make_dream, "tiny-sdar": make_sdar,
-              "tiny-llada2": make_llada2}
+    makers = {f"tiny-{family.name}": MAKERS[family.name] for family in FAMILIES}
     written = []
     with tempfile.TemporaryDirectory() as scratch:
         for name, make in makers.items():

@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import BlockServeEngine
-from engine.models import sdar
+from engine.models.families import sdar
 from engine.models.loader import load_model
 from tests.conftest import FIXTURES
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models import TransformerConfig, llada2, load_model, sdar
+from engine.models import TransformerConfig, llada2, load_model
+from engine.models.families import detect_family, sdar
 from engine.models.layers import rotary_tables, rotate_
-from engine.models.loader import detect_family
 from tests.model_helpers import DREAM_DIR, LLADA_DIR
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -31,8 +31,8 @@ def llada2_config(**changes) -> dict:
 
 
 @pytest.mark.parametrize("config, family", [
-    ({"architectures": ["SDARForCausalLM"]}, sdar), ({"model_type": "sdar"}, sdar),
-    ({"architectures": ["LLaDA2MoeModelLM"]}, llada2), ({"model_type": "llada2_moe"}, llada2),
+    ({"architectures": ["SDARForCausalLM"]}, sdar.FAMILY), ({"model_type": "sdar"}, sdar.FAMILY),
+    ({"architectures": ["LLaDA2MoeModelLM"]}, llada2.FAMILY), ({"model_type": "llada2_moe"}, llada2.FAMILY),
 ])
 def test_block_causal_families_are_detected_by_architecture_or_model_type(config, family):
     assert detect_family(config, Path("x")) is family

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models import llada2 as llada2_family, load_model
-from engine.models.llada2 import moe_config
+from engine.models import load_model
+from engine.models.llada2 import FAMILY as llada2_family, moe_config
 from engine.models.loader import mask_token_id
 from engine.models.step_inputs import RefreshPart
 from tests.model_helpers import left_padded, raw_checkpoint, read_config

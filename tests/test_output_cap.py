@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from engine.config import EngineConfig, SamplingParams, answer_blocks
+from engine.config import EngineConfig, SamplingParams
 from engine.engine import BlockServeEngine
 from engine.models.loader import load_model
 from tests.conftest import FIXTURES
@@ -39,8 +39,8 @@ def prompts_of(engine: BlockServeEngine) -> list[list[int]]:
 
 def whole_block_cap(engine: BlockServeEngine, prompt: list[int], cap: int) -> int:
     """The largest cap with the same canvas as ``cap``: every answer column of its blocks."""
-    block, absolute = engine.config.block_length, engine.absolute_blocks
-    lead, blocks = answer_blocks(len(prompt), cap, block, absolute)
+    block = engine.config.block_length
+    lead, blocks = engine.lm.layout.answer_blocks(len(prompt), cap, block)
     return blocks * block - lead
 
 

@@ -37,9 +37,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.config import TransformerConfig
+from engine.models.families import CheckpointIds, family_named
 from engine.models.transformer import BidirectionalTransformer
 from tinylm.evaluate import SHIPPED_DECODING, evaluate_model, selection_score
-from tinylm.export import llada_config_json, save_checkpoint
+from tinylm.export import save_checkpoint
 from tinylm.mixtures import MIXTURES, TokenIds, make_batch
 from tinylm.progress import Progress, continue_record, resume, save_state, training_record, weight_average
 from tinylm.tasks import MAX_NUMBER, VALIDATION_SIZE, define_splits, example_key, write_jsonl
@@ -88,7 +89,8 @@ def learning_rate(step: int, progress: float, peak: float, warmup: int = 200) ->
 
 
 def export(model: BidirectionalTransformer, tokenizer, out: Path, ids: TokenIds) -> None:
-    save_checkpoint(model, out, "llada", llada_config_json(model.config, ids.mask, ids.eos, ids.eos))
+    config_json = family_named("llada").config_json(model.config, CheckpointIds(ids.mask, ids.eos, ids.eos), None)
+    save_checkpoint(model, out, "llada", config_json)
     tokenizer.save_pretrained(str(out))
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": ids.bos, "eos_token_id": ids.eos, "pad_token_id": ids.eos}) + "\n")

@@ -207,7 +207,7 @@ class CompiledForward:
         rows, length = part.tokens.shape
         padded_rows = bucket(rows, row_cap(part, kv_cache))
         padded_length = bucket(length, kv_cache.width if part.slots is not None else 1 << 30, WIDTH_BUCKETS)
-        if part.block_size is not None:  # left-aligned rows: the box grows on the right
+        if part.block_causal:  # left-aligned rows: the box grows on the right
             return padded_rows, padded_length, 0
         grow = padded_length - length
         if part.slots is not None and part.first_column - grow < 0:
@@ -220,7 +220,7 @@ class CompiledForward:
         window, or a prefix window in each row's last block) keeps its length."""
         rows, length = part.tokens.shape
         padded_rows = bucket(rows, kv_cache.data.shape[1])
-        if part.block_size is not None:  # a block, or a finished block and the next: two lengths
+        if part.block_causal:  # a block, or a finished block and the next: two lengths
             return padded_rows, length, bucket(part.context_end, kv_cache.width, WIDTH_BUCKETS)
         padded_length = length if length <= part.num_read + 1 else bucket(length, 1 << 30, WIDTH_BUCKETS)
         context = bucket(kv_cache.width - part.context_start, kv_cache.width, WIDTH_BUCKETS)
@@ -249,18 +249,18 @@ class CompiledForward:
     def _window(self, part: WindowPart, kv_cache: KVCache) -> torch.Tensor:
         rows, length = part.tokens.shape
         padded_rows, padded_length, context = self._window_shape(part, kv_cache)
-        start, end = (0, context) if part.block_size is not None else (kv_cache.width - context, kv_cache.width)
+        start, end = (0, context) if part.block_causal else (kv_cache.width - context, kv_cache.width)
         tokens = _pad(part.tokens, padded_rows, 0, 0, padded_length)
         positions = _pad(part.positions, padded_rows, 0, 0, padded_length)
         write_slots = torch.arange(padded_rows, device=tokens.device)[:, None]
         write_columns = _pad(part.columns, padded_rows, 0, kv_cache.width, padded_length)  # pads: scratch
         key_mask = kv_cache.key_mask[:padded_rows, start:end].clone()
         key_positions = None
-        if part.block_size is not None:  # columns past the rows' active blocks are never keys
+        if part.block_causal:  # columns past the rows' active blocks are never keys
             key_mask[:, part.context_end:] = False
             key_positions = _pad(part.key_positions, padded_rows, 0, 0, context)
         key_mask[rows:] = False
-        key_mask[rows:, -1 if part.block_size is None else 0] = True  # padding rows see one key, are dropped
+        key_mask[rows:, 0 if part.block_causal else -1] = True  # padding rows see one key, are dropped
         x = self._layers(tokens, positions, key_mask, key_positions, kv_cache, write_slots, write_columns,
                          padded_rows, padded_length, (padded_rows, start, end), part.block_size, "window")
         return self._read(part, x.view(padded_rows, padded_length, -1)[:rows])

@@ -1,10 +1,10 @@
-"""The transformer's shape: what a checkpoint family's loader (llada.py, dream.py, sdar.py, llada2.py)
-reads from its config."""
+"""The transformer's shape: what a checkpoint family's module (``engine.models.families``) reads from its
+config.json."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-ATTENTION_KINDS = ("bidirectional", "block_causal")
+from engine.layout import ATTENTION_KINDS
 
 
 @dataclass(frozen=True)

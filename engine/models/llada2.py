@@ -22,16 +22,15 @@ Where the mapping comes from (the checkpoint's remote code ``modeling_llada2_moe
 """
 from __future__ import annotations
 
+from engine.layout import RowLayout
 from engine.models.checkpoint import WeightNames
 from engine.models.config import MoEConfig, TransformerConfig
+from engine.models.family import CheckpointIds, Family
 
-FAMILY = "llada2"
+NAME = "llada2"
 LOGIT_SHIFT = 0
 ATTENTION = "block_causal"
 DEFAULT_BLOCK_LENGTH = 32
-END_OF_TURN_TOKEN = "<|role_end|>"
-MASK_TOKEN = "<|mask|>"
-MASK_TOKEN_ID = 156895  # the release's id, used only when the tokenizer lacks <|mask|>
 MODEL_TYPE = "llada2_moe"
 
 WEIGHT_NAMES = WeightNames(layer_prefix="model.layers.", dropped=("rotary_emb",), layer={
@@ -62,6 +61,11 @@ def is_family(config: dict) -> bool:
 
 def block_length(config: dict) -> int:
     return DEFAULT_BLOCK_LENGTH
+
+
+def layout(config: dict) -> RowLayout:
+    return RowLayout(NAME, ATTENTION, LOGIT_SHIFT, trained_block=block_length(config), caches=("dual",),
+                     refused_rules=("dream",))
 
 
 # (key, LLaDA2MoeConfig's default, the value we compute, what another value would change)
@@ -131,3 +135,36 @@ def transformer_config(config: dict) -> TransformerConfig:
         attention=ATTENTION,
         moe=moe,
     )
+
+
+def config_json(config: TransformerConfig, ids: CheckpointIds, trained_block: int | None = None) -> dict:
+    """LLaDA2's config.json keys (``LLaDA2MoeConfig``); like the release, no mask_token_id and no block size."""
+    moe = config.moe
+    return {
+        "architectures": ["LLaDA2MoeModelLM"], "model_type": MODEL_TYPE,
+        "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+                     "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+                     "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
+        "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim, "partial_rotary_factor": config.rotary_dim / config.head_dim,
+        "rotary_dim": config.rotary_dim, "num_hidden_layers": config.num_layers, "vocab_size": config.vocab_size,
+        "rope_theta": config.rope_theta, "rope_scaling": None, "rms_norm_eps": config.rms_norm_eps,
+        "hidden_act": "silu", "use_qkv_bias": False, "use_bias": False, "use_qk_norm": config.qk_norm,
+        "norm_head": False, "norm_softmax": False, "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings, "num_experts": moe.num_experts,
+        "num_experts_per_tok": moe.experts_per_token, "n_group": moe.n_group, "topk_group": moe.topk_group,
+        "moe_intermediate_size": moe.moe_intermediate_size, "num_shared_experts": moe.num_shared_experts,
+        "routed_scaling_factor": moe.routed_scaling_factor, "first_k_dense_replace": moe.first_k_dense_replace,
+        "score_function": "sigmoid", "moe_router_enable_expert_bias": True, "router_dtype": "fp32",
+        "norm_topk_prob": True, "pad_token_id": ids.pad_id, "torch_dtype": "bfloat16",
+    }
+
+
+FAMILY = Family(
+    name=NAME, title="LLaDA2", recognises=is_family, transformer_config=transformer_config, layout=layout,
+    weight_names=WEIGHT_NAMES, end_of_turn_token="<|role_end|>", mask_token="<|mask|>",
+    mask_token_id=156895,  # the release's id, used only when the tokenizer lacks <|mask|>
+    config_json=config_json, checkpoint_views=True,
+    decoding={"block_length": DEFAULT_BLOCK_LENGTH, "decoding": "low_confidence_dynamic", "steps_per_block": 32,
+              "threshold": 0.95})

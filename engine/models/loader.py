@@ -3,18 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from engine.batch_invariance import configure_cuda_batch_invariance
-from engine.models import dream, llada, llada2, sdar
+from engine.layout import RowLayout
 from engine.models.checkpoint import load_weights, read_json
+from engine.models.families import Family, detect_family
 from engine.models.options import ModelOptions
 from engine.models.transformer import BidirectionalTransformer
 
-FAMILIES: tuple[ModuleType, ...] = (llada, dream, sdar, llada2)
 TINY_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -38,10 +37,22 @@ class DiffusionLM:
     model: BidirectionalTransformer
     tokenizer: PreTrainedTokenizerBase
     special_ids: SpecialTokenIds
-    logit_shift: int  # hidden state at column c predicts the token at column c + logit_shift
+    layout: RowLayout  # how its rows are laid out and attended
     max_length: int  # longest row (prompt + canvas) the model accepts
-    attention: str = "bidirectional"  # or "block_causal" (SDAR, LLaDA2)
-    block_length: int | None = None  # the block size a block-causal family was trained with
+
+    @property
+    def logit_shift(self) -> int:
+        """The hidden state at column c predicts the token at column c + logit_shift."""
+        return self.layout.logit_shift
+
+    @property
+    def attention(self) -> str:
+        return self.layout.attention
+
+    @property
+    def block_length(self) -> int | None:
+        """The block size a block-causal model was trained with (None: full attention)."""
+        return self.layout.trained_block
 
     @property
     def options(self) -> ModelOptions:
@@ -92,45 +103,6 @@ def resolve_model_dir(model: str | Path) -> Path:
             f"Hugging Face hub ({type(error).__name__}: {error}); pass a local checkpoint path") from error
 
 
-def unserved_diffusion_model(config: dict) -> str | None:
-    """The name of a known diffusion LM this engine does not serve, if ``config`` is one."""
-    architectures = [str(a) for a in config.get("architectures") or []]
-    model_type = str(config.get("model_type", ""))
-    names = " ".join([*architectures, model_type]).lower()
-    if model_type == "llada2_moe_veomni":
-        return "LLaDA2 in dFactory's merged-experts layout (model_type 'llada2_moe_veomni')"
-    if "SDARMoeForCausalLM" in architectures or model_type == "sdar_moe":
-        return "SDAR-MoE (SDARMoeForCausalLM)"
-    if "gemma" in names and "diffusion" in names:
-        return f"DiffusionGemma ({', '.join(architectures) or model_type})"
-    if "nemotron" in names and "diffusion" in names:
-        return f"Nemotron diffusion ({', '.join(architectures) or model_type})"
-    if "fast_dllm" in names:
-        return f"Fast-dLLM v2 ({', '.join(architectures) or model_type})"
-    return None
-
-
-def detect_family(config: dict, directory: Path) -> ModuleType:
-    unserved = unserved_diffusion_model(config)
-    if unserved is not None:
-        raise ValueError(f"{directory}/config.json is {unserved}, a diffusion LM this engine does not serve "
-                         "(served: LLaDA, Dream, SDAR, LLaDA2)")
-    for family in FAMILIES:
-        if family.is_family(config):
-            return family
-    raise ValueError(f"{directory}/config.json is none of the served families LLaDA, Dream, SDAR, LLaDA2 "
-                     f"(model_type={config.get('model_type')!r}, architectures={config.get('architectures')!r})")
-
-
-def check_layout(family: ModuleType, attention: str) -> None:
-    """Refuse a family whose layout the engine would decode wrongly: the block-causal input builders
-    place each block's logits at its own columns, so a logit shift would read every token one column off."""
-    if attention == "block_causal" and family.LOGIT_SHIFT:
-        raise ValueError(f"{family.FAMILY} attends block-causally with logits shifted by {family.LOGIT_SHIFT}: "
-                         "the block-causal steps read each token's logits at its own column and would decode "
-                         "wrong tokens, so this engine refuses the combination")
-
-
 def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
     """A ``tokenizer.json`` loads as a plain fast tokenizer (LLaDA's class; Dream names a remote-code
     class whose vocabulary is that same file); otherwise whatever AutoTokenizer finds, no remote code."""
@@ -139,7 +111,7 @@ def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
 
 
-def mask_token_id(config: dict, tokenizer_config: dict, token_id, family: ModuleType) -> int | None:
+def mask_token_id(config: dict, tokenizer_config: dict, token_id, family: Family) -> int | None:
     """config.json's ``mask_token_id``; else tokenizer_config.json's ``mask_token`` (SDAR spells it
     ``<MASK>`` elsewhere, ``<|MASK|>`` there); else the family's mask token; else the family's known
     id (LLaDA2's release id), if the vocabulary has it."""
@@ -147,15 +119,15 @@ def mask_token_id(config: dict, tokenizer_config: dict, token_id, family: Module
         return config["mask_token_id"]
     named = tokenizer_config.get("mask_token")
     named = named.get("content") if isinstance(named, dict) else named
-    for token in (named, family.MASK_TOKEN):
+    for token in (named, family.mask_token):
         if token and token_id(token) is not None:
             return token_id(token)
-    fallback = getattr(family, "MASK_TOKEN_ID", None)
+    fallback = family.mask_token_id
     return fallback if fallback is not None and fallback < config.get("vocab_size", 0) else None
 
 
 def special_token_ids(config: dict, generation_config: dict, tokenizer: PreTrainedTokenizerBase,
-                   family: ModuleType, tokenizer_config: dict | None = None) -> SpecialTokenIds:
+                   family: Family, tokenizer_config: dict | None = None) -> SpecialTokenIds:
     def token_id(token: str) -> int | None:
         found = tokenizer.convert_tokens_to_ids(token)
         return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
@@ -170,7 +142,7 @@ def special_token_ids(config: dict, generation_config: dict, tokenizer: PreTrain
     stops = {eos_id}
     generation_eos = generation_config.get("eos_token_id", [])
     stops.update(generation_eos if isinstance(generation_eos, list) else [generation_eos])
-    end_of_turn = token_id(family.END_OF_TURN_TOKEN)
+    end_of_turn = token_id(family.end_of_turn_token)
     if end_of_turn is not None:
         stops.add(end_of_turn)
     return SpecialTokenIds(mask_id=mask_id, eos_id=eos_id, pad_id=eos_id if pad_id is None else pad_id,
@@ -195,18 +167,15 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     directory = resolve_model_dir(model)
     config = read_json(directory / "config.json")
     family = detect_family(config, directory)
+    layout = family.layout(config)  # a layout the engine would decode wrongly is refused here
     transformer_config = family.transformer_config(config)
-    check_layout(family, transformer_config.attention)
     with torch.device("meta"):
         transformer = BidirectionalTransformer(transformer_config)
-    load_weights(transformer, directory, family.WEIGHT_NAMES.ours, torch.device(device), resolve_dtype(dtype))
+    load_weights(transformer, directory, family.weight_names.ours, torch.device(device), resolve_dtype(dtype))
     transformer.eval().requires_grad_(False)
     apply_model_options(transformer, options)
     tokenizer = load_tokenizer(directory)
     special_ids = special_token_ids(config, read_json(directory / "generation_config.json"), tokenizer, family,
                                     read_json(directory / "tokenizer_config.json"))
-    return DiffusionLM(
-        name=str(model), family=family.FAMILY, model=transformer, tokenizer=tokenizer, special_ids=special_ids,
-        logit_shift=family.LOGIT_SHIFT, max_length=transformer_config.max_position_embeddings,
-        attention=transformer_config.attention,
-        block_length=family.block_length(config) if hasattr(family, "block_length") else None)
+    return DiffusionLM(name=str(model), family=family.name, model=transformer, tokenizer=tokenizer,
+                       special_ids=special_ids, layout=layout, max_length=transformer_config.max_position_embeddings)

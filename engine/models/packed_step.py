@@ -134,7 +134,7 @@ def _refresh_plan(part: RefreshPart, dtype: torch.dtype) -> PartPlan:
         columns = torch.arange(part.first_column, part.first_column + length, device=part.tokens.device)
         write_index = (part.slots[:, None], slice(None), slice(None), columns[None])
     row_keys = part.row_widths or (length,) * rows
-    if part.block_size is None:  # rows right-aligned in the box
+    if not part.block_causal:  # rows right-aligned in the box
         spans = [(row * length + length - keys, keys) for row, keys in enumerate(row_keys)]
         mask = additive_mask(part.key_mask, dtype)
     else:  # block-causal rows sit left-aligned (engine.batch)
@@ -142,7 +142,7 @@ def _refresh_plan(part: RefreshPart, dtype: torch.dtype) -> PartPlan:
         mask = block_causal_mask(part.key_mask, part.positions, part.positions, part.block_size, dtype)
     packed_index, token_spans = _pack(spans, rows, length, 0, part.tokens.device)
     return PartPlan(rows, length, 0, mask, write_index, None, row_keys, tuple(range(rows)), token_spans,
-                    left_aligned=part.block_size is not None, row_queries=row_keys if part.block_size else (),
+                    left_aligned=part.block_causal, row_queries=row_keys if part.block_causal else (),
                     packed_index=packed_index)
 
 
@@ -151,14 +151,14 @@ def _window_plan(part: WindowPart, kv_cache: KVCache, dtype: torch.dtype, offset
     start, end = part.context_start, part.context_end or kv_cache.width
     context = kv_cache.data[:, :rows, :, :, start:end].unbind(0)
     key_mask = kv_cache.key_mask[:rows, start:end]
-    mask = (additive_mask(key_mask, dtype) if part.block_size is None else
+    mask = (additive_mask(key_mask, dtype) if not part.block_causal else
             block_causal_mask(key_mask, part.positions, part.key_positions, part.block_size, dtype))
     slots = torch.arange(rows, device=part.tokens.device)
     write_index = (slots[:, None], slice(None), slice(None), part.columns)
     row_keys = part.row_widths or (end - start,) * rows
     spans = [(row * length, tokens) for row, tokens in enumerate(part.row_tokens or (length,) * rows)]
     packed_index, token_spans = _pack(spans, rows, length, offset, part.tokens.device)
-    left_aligned = part.block_size is not None
+    left_aligned = part.block_causal
     return PartPlan(rows, length, offset, mask, write_index, context, row_keys, tuple(range(rows)), token_spans,
                     left_aligned=left_aligned, row_queries=part.row_tokens if left_aligned else (),
                     packed_index=packed_index)

@@ -12,8 +12,19 @@ from dataclasses import dataclass
 import torch
 
 
+class BlockAttention:
+    """What a part's ``block_size`` says: attention over blocks of that many positions, rows left-aligned."""
+
+    block_size: int | None
+
+    @property
+    def block_causal(self) -> bool:
+        """Block-causal attention; the part's rows sit from the box's first column (else from its last)."""
+        return self.block_size is not None
+
+
 @dataclass
-class RefreshPart:
+class RefreshPart(BlockAttention):
     """Whole rows ``[rows, w]``: a block's first step, which also (re)builds the rows' cache.
 
     With ``slots`` set, each row's keys/values are written to cache columns
@@ -36,7 +47,7 @@ class RefreshPart:
 
 
 @dataclass
-class WindowPart:
+class WindowPart(BlockAttention):
     """A window of columns per row ``[rows, n]`` against the rows' cached keys/values.
 
     Row i holds cache slot i: the window rows are packed into slots ``[0, rows)``, in order. Its own

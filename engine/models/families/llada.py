@@ -17,13 +17,13 @@ Where the mapping comes from:
 """
 from __future__ import annotations
 
+from engine.layout import RowLayout
 from engine.models.checkpoint import WeightNames
 from engine.models.config import TransformerConfig
+from engine.models.family import CheckpointIds, Family
 
-FAMILY = "llada"
+NAME = "llada"
 LOGIT_SHIFT = 0
-END_OF_TURN_TOKEN = "<|eot_id|>"
-MASK_TOKEN = "<|mdm_mask|>"
 
 WEIGHT_NAMES = WeightNames(layer_prefix="model.transformer.blocks.", layer={
     "attn_norm.weight": "input_norm.weight",
@@ -90,3 +90,30 @@ def transformer_config(config: dict) -> TransformerConfig:
         embedding_scale=hidden**0.5 if config.get("input_emb_norm", False) else 1.0,
         logit_scale=1 / hidden**0.5 if config.get("scale_logits", False) else 1.0,
     )
+
+
+def layout(config: dict) -> RowLayout:
+    return RowLayout(NAME, logit_shift=LOGIT_SHIFT)
+
+
+def config_json(config: TransformerConfig, ids: CheckpointIds, trained_block: int | None = None) -> dict:
+    return {
+        "architectures": ["LLaDAModelLM"], "model_type": "llada",
+        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
+                     "AutoModel": "modeling_llada.LLaDAModelLM"},
+        "d_model": config.hidden_size, "n_heads": config.num_heads, "n_kv_heads": config.num_kv_heads,
+        "n_layers": config.num_layers, "mlp_hidden_size": config.intermediate_size,
+        "mlp_ratio": config.intermediate_size // config.hidden_size,
+        "vocab_size": config.vocab_size, "embedding_size": config.vocab_size,
+        "rope": True, "rope_theta": config.rope_theta, "rms_norm_eps": config.rms_norm_eps,
+        "layer_norm_type": "rms", "activation_type": "silu", "block_type": "llama",
+        "include_bias": False, "include_qkv_bias": config.qkv_bias, "weight_tying": config.tie_word_embeddings,
+        "max_sequence_length": config.max_position_embeddings, "mask_token_id": ids.mask_id,
+        "eos_token_id": ids.eos_id, "pad_token_id": ids.pad_id, "torch_dtype": "bfloat16", "use_cache": False,
+    }
+
+
+FAMILY = Family(
+    name=NAME, title="LLaDA", recognises=is_family, transformer_config=transformer_config, layout=layout,
+    weight_names=WEIGHT_NAMES, end_of_turn_token="<|eot_id|>", mask_token="<|mdm_mask|>", config_json=config_json,
+    decoding={"block_length": 32, "decoding": "threshold", "threshold": 0.9})

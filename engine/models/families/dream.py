@@ -15,13 +15,13 @@ Where the mapping comes from:
 """
 from __future__ import annotations
 
+from engine.layout import RowLayout
 from engine.models.checkpoint import QWEN_LAYER_NAMES, QWEN_TOP_NAMES, WeightNames
 from engine.models.config import TransformerConfig
+from engine.models.family import CheckpointIds, Family
 
-FAMILY = "dream"
+NAME = "dream"
 LOGIT_SHIFT = 1
-END_OF_TURN_TOKEN = "<|im_end|>"
-MASK_TOKEN = "<|mask|>"
 
 WEIGHT_NAMES = WeightNames(layer_prefix="model.layers.", dropped=("rotary_emb",), top=QWEN_TOP_NAMES, layer={
     **QWEN_LAYER_NAMES, **{f"self_attn.{p}_proj.bias": f"attention.{p}_proj.bias" for p in ("q", "k", "v")}})
@@ -47,3 +47,29 @@ def transformer_config(config: dict) -> TransformerConfig:
         max_position_embeddings=config.get("max_position_embeddings", 32768),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
     )
+
+
+def layout(config: dict) -> RowLayout:
+    return RowLayout(NAME, logit_shift=LOGIT_SHIFT)
+
+
+def config_json(config: TransformerConfig, ids: CheckpointIds, trained_block: int | None = None) -> dict:
+    return {
+        "architectures": ["DreamModel"], "model_type": "Dream",
+        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig",
+                     "AutoModel": "modeling_dream.DreamModel"},
+        "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "num_hidden_layers": config.num_layers, "vocab_size": config.vocab_size,
+        "rope_theta": config.rope_theta, "rms_norm_eps": config.rms_norm_eps, "hidden_act": "silu",
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings, "mask_token_id": ids.mask_id,
+        "pad_token_id": ids.pad_id, "bos_token_id": ids.bos_id, "eos_token_id": ids.eos_id,
+        "torch_dtype": "bfloat16",
+    }
+
+
+FAMILY = Family(
+    name=NAME, title="Dream", recognises=is_family, transformer_config=transformer_config, layout=layout,
+    weight_names=WEIGHT_NAMES, end_of_turn_token="<|im_end|>", mask_token="<|mask|>", config_json=config_json,
+    decoding={"block_length": 32, "decoding": "threshold", "threshold": 0.9})

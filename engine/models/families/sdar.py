@@ -16,15 +16,15 @@ Where the mapping comes from (JetAstra/SDAR ``training/model/SDAR-*-Chat``):
 """
 from __future__ import annotations
 
+from engine.layout import RowLayout
 from engine.models.checkpoint import QWEN_LAYER_NAMES, QWEN_TOP_NAMES, WeightNames
 from engine.models.config import TransformerConfig
+from engine.models.family import CheckpointIds, Family
 
-FAMILY = "sdar"
+NAME = "sdar"
 LOGIT_SHIFT = 0
 ATTENTION = "block_causal"
 DEFAULT_BLOCK_LENGTH = 4
-END_OF_TURN_TOKEN = "<|im_end|>"
-MASK_TOKEN = "<|MASK|>"
 
 WEIGHT_NAMES = WeightNames(layer_prefix="model.layers.", dropped=("rotary_emb",), top=QWEN_TOP_NAMES, layer={
     **QWEN_LAYER_NAMES, **{f"self_attn.{p}_norm.weight": f"attention.{p}_norm.weight" for p in ("q", "k")}})
@@ -37,6 +37,11 @@ def is_family(config: dict) -> bool:
 def block_length(config: dict) -> int:
     """The block size the checkpoint was trained with (a committed 8B config copy lacks the key)."""
     return int(config.get("block_size") or DEFAULT_BLOCK_LENGTH)
+
+
+def layout(config: dict) -> RowLayout:
+    return RowLayout(NAME, ATTENTION, LOGIT_SHIFT, trained_block=block_length(config), caches=("dual",),
+                     refused_rules=("dream",))
 
 
 def check_supported(config: dict) -> None:
@@ -72,3 +77,30 @@ def transformer_config(config: dict) -> TransformerConfig:
         qk_norm=True,
         attention=ATTENTION,
     )
+
+
+def config_json(config: TransformerConfig, ids: CheckpointIds, trained_block: int | None = None) -> dict:
+    """SDAR's config.json keys (Qwen3's plus ``block_size``, ``mask_token_id``); ``fuse_cross_entropy``
+    is read by SDAR's own forward but not defined by its config class, so a config must carry it."""
+    return {
+        "architectures": ["SDARForCausalLM"], "model_type": "sdar",
+        "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModel": "modeling_sdar.SDARModel",
+                     "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
+        "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim, "num_hidden_layers": config.num_layers, "vocab_size": config.vocab_size,
+        "rope_theta": config.rope_theta, "rope_scaling": None, "rms_norm_eps": config.rms_norm_eps,
+        "hidden_act": "silu", "attention_bias": False, "use_sliding_window": False, "sliding_window": None,
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings, "block_size": trained_block or DEFAULT_BLOCK_LENGTH,
+        "mask_token_id": ids.mask_id, "bos_token_id": ids.eos_id, "eos_token_id": ids.eos_id,
+        "pad_token_id": ids.pad_id, "fuse_cross_entropy": False, "torch_dtype": "bfloat16",
+    }
+
+
+FAMILY = Family(
+    name=NAME, title="SDAR", recognises=is_family, transformer_config=transformer_config, layout=layout,
+    weight_names=WEIGHT_NAMES, end_of_turn_token="<|im_end|>", mask_token="<|MASK|>", config_json=config_json,
+    checkpoint_views=True,
+    decoding={"block_length": DEFAULT_BLOCK_LENGTH, "decoding": "low_confidence_dynamic", "steps_per_block": 4,
+              "threshold": 0.9})

@@ -1,0 +1,88 @@
+"""How a model's rows are laid out and attended: one description, read by every part of the engine.
+
+A family's layout is one of two kinds:
+
+* **Full attention** (LLaDA, Dream): every position attends to the whole row. A row sits right-aligned
+  in its slot, its answer starts on a block boundary, and the first step of each block rebuilds the
+  row's keys and values from its current tokens (finished blocks are *refreshed*).
+* **Block-causal** (SDAR, LLaDA2): a position attends to its own block and every block before it, over
+  blocks of the size the model was trained with, counted from the prompt's first token. A row sits
+  left-aligned (column = position), the first answer block holds the prompt's last ``lead`` tokens,
+  and a finished block's keys and values are written once (finished blocks are *stored*).
+
+Nothing outside this module compares attention kinds: it asks a :class:`RowLayout` what it needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.config import DEFAULT_BLOCK_LENGTH, EngineConfig, blocks_needed
+
+AttentionKind = Literal["bidirectional", "block_causal"]
+ATTENTION_KINDS: tuple[AttentionKind, ...] = ("bidirectional", "block_causal")
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """How one model's rows are laid out and attended."""
+
+    family: str  # the family's name, for messages
+    attention: AttentionKind = "bidirectional"
+    logit_shift: int = 0  # the hidden state at column c predicts the token at column c + logit_shift
+    trained_block: int | None = None  # the block size a block-causal model was trained with
+    caches: tuple[str, ...] = ("dual", "prefix", "none")  # EngineConfig.cache modes it runs
+    refused_rules: tuple[str, ...] = ()  # EngineConfig.decoding rules it cannot run
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if self.block_causal and self.logit_shift:
+            raise ValueError(f"{self.family} attends block-causally with logits shifted by {self.logit_shift}: the "
+                             "block-causal steps read each token's logits at its own column and would decode "
+                             "wrong tokens, so this engine refuses the combination")
+        if self.block_causal and not self.trained_block:
+            raise ValueError(f"{self.family} attends block-causally but names no trained block size")
+
+    @property
+    def block_causal(self) -> bool:
+        """Attention over blocks counted from the prompt's start: rows left-aligned, blocks stored once."""
+        return self.attention == "block_causal"
+
+    @property
+    def left_aligned(self) -> bool:
+        """Rows sit from column 0 of their slot (column = position); else they end at its last column."""
+        return self.block_causal
+
+    @property
+    def stores_finished_blocks(self) -> bool:
+        """A finished block's keys and values are written once; else each block's first step refreshes them."""
+        return self.block_causal
+
+    def default_block(self) -> int:
+        """The block a config that names none decodes with."""
+        return self.trained_block or DEFAULT_BLOCK_LENGTH
+
+    def answer_blocks(self, prompt_length: int, max_new_tokens: int, block_length: int) -> tuple[int, int]:
+        """``(lead, blocks)`` of a request: its prompt tokens inside its first answer block, and the blocks
+        its answer spans. Block-causal blocks sit at multiples of ``block_length`` from the prompt's start,
+        so the first answer block also holds the prompt's last ``prompt_length % block_length`` tokens."""
+        lead = prompt_length % block_length if self.block_causal else 0
+        return lead, blocks_needed(lead + max_new_tokens, block_length)
+
+    def prompt_room(self, max_model_len: int, max_new_tokens: int, block_length: int) -> int:
+        """The most prompt tokens that fit beside an answer of ``max_new_tokens`` in a row of ``max_model_len``."""
+        if self.block_causal:  # the row is prompt + max_new_tokens rounded up to whole blocks
+            return max(max_model_len // block_length * block_length - max_new_tokens, 0)
+        return max(max_model_len - blocks_needed(max_new_tokens, block_length) * block_length, 0)
+
+    def refusal(self, config: EngineConfig) -> str | None:
+        """Why this layout cannot run ``config`` (naming the setting), or None."""
+        if config.cache not in self.caches:
+            return (f"EngineConfig.cache: {config.cache!r} is a cache mode of full-attention families; "
+                    f"{self.family} attends block-causally and caches each finished block: leave cache at 'dual'")
+        if config.decoding in self.refused_rules:
+            return (f"EngineConfig.decoding: {config.decoding!r} is Dream's sampler over a whole canvas; "
+                    f"{self.family} decodes block by block: use low_confidence_dynamic, low_confidence, "
+                    "threshold or quota")
+        return None

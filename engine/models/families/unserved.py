@@ -1,0 +1,20 @@
+"""Diffusion LMs people will try that this engine does not serve: refused by name, not as "unknown"."""
+from __future__ import annotations
+
+
+def unserved_diffusion_model(config: dict) -> str | None:
+    """The name of a known diffusion LM this engine does not serve, if ``config`` is one."""
+    architectures = [str(a) for a in config.get("architectures") or []]
+    model_type = str(config.get("model_type", ""))
+    names = " ".join([*architectures, model_type]).lower()
+    if model_type == "llada2_moe_veomni":
+        return "LLaDA2 in dFactory's merged-experts layout (model_type 'llada2_moe_veomni')"
+    if "SDARMoeForCausalLM" in architectures or model_type == "sdar_moe":
+        return "SDAR-MoE (SDARMoeForCausalLM)"
+    if "gemma" in names and "diffusion" in names:
+        return f"DiffusionGemma ({', '.join(architectures) or model_type})"
+    if "nemotron" in names and "diffusion" in names:
+        return f"Nemotron diffusion ({', '.join(architectures) or model_type})"
+    if "fast_dllm" in names:
+        return f"Fast-dLLM v2 ({', '.join(architectures) or model_type})"
+    return None

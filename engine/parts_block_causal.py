@@ -1,0 +1,64 @@
+"""A block-causal family's step parts (SDAR, LLaDA2): rows left-aligned, each finished block stored once.
+
+An admitted row *prefills*: it computes columns ``[0, end of its first block)``, which writes its prompt's
+keys and values and runs its first block's first step. Every other row is a window row: its active block
+over its cached keys and values. A row that has just finished a block also *stores* that block, rewriting
+its keys and values from the final tokens in the same window (the block before the active one), so each
+finished block is written once.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.batch import PersistentBatch, to_device
+from engine.models.step_inputs import RefreshPart, WindowPart
+from engine.outputs import SchedulerOutput
+from engine.request import Request
+
+
+class BlockCausalParts:
+    def assign(self, batch: PersistentBatch, scheduled: SchedulerOutput) -> tuple[list[Request], list[Request]]:
+        """(whole rows, window rows) of a step: admitted rows prefill; a row starting a block continues in
+        the window, storing the block it finished."""
+        admitted = {id(request) for request in scheduled.admitted}
+        window = [*scheduled.window, *(r for r in scheduled.refresh if id(r) not in admitted)]
+        return [r for r in scheduled.refresh if id(r) in admitted], window
+
+    def whole_rows(self, batch: PersistentBatch, rows: Sequence[Request], slots: torch.Tensor,
+                   block_starts: torch.Tensor) -> RefreshPart:
+        """The prefill: columns ``[0, end of the furthest first block)``, left-aligned."""
+        ends = tuple(batch.block_start(r) + batch.block_length for r in rows)
+        box = max(ends)
+        return RefreshPart(tokens=batch.tokens[slots, :box], positions=batch.positions[slots, :box],
+                           key_mask=batch.key_mask[slots, :box],
+                           read_columns=block_starts[:, None] + batch.block_offsets, slots=slots, first_column=0,
+                           row_widths=ends, block_size=batch.block_length)
+
+    def window_rows(self, batch: PersistentBatch, rows: Sequence[Request], slots: torch.Tensor,
+                    block_starts: torch.Tensor) -> WindowPart:
+        """The active block, preceded by the block just finished when the row starts a new one (stored from
+        its final tokens). Windows are ragged and left-aligned; a shorter window's tail points at the
+        scratch column."""
+        block_length, width = batch.block_length, batch.width
+        stored = [block_length if r.between_blocks else 0 for r in rows]
+        (stored_columns,) = to_device(batch.tokens, stored)
+        length = block_length + max(stored)
+        offsets = torch.arange(length, device=slots.device)
+        columns = (block_starts - stored_columns)[:, None] + offsets
+        real = offsets < (stored_columns + block_length)[:, None]
+        safe = columns.masked_fill(~real, 0)
+        ends = tuple(batch.block_start(r) + block_length for r in rows)
+        context_end = max(ends)
+        slot_rows = slots[:, None]  # packed: slots [0, n)
+        return WindowPart(tokens=batch.tokens[slot_rows, safe], positions=batch.positions[slot_rows, safe],
+                          columns=columns.masked_fill(~real, width), context_start=0, num_read=block_length,
+                          row_widths=ends, row_tokens=tuple(block_length + s for s in stored),
+                          read_columns=stored_columns[:, None] + batch.block_offsets if any(stored) else None,
+                          block_size=block_length, context_end=context_end,
+                          key_positions=batch.positions[:len(rows), :context_end])
+
+    def real_columns(self, batch: PersistentBatch, request: Request) -> int:
+        """A row's real columns in the step's box: up to its active block's end (the box stops there)."""
+        return batch.block_start(request) + batch.block_length
