@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models import TransformerConfig, llada2, load_model
-from engine.models.families import detect_family, sdar
+from engine.models import TransformerConfig, load_model
+from engine.models.families import detect_family, llada2, sdar
 from engine.models.layers import rotary_tables, rotate_
 from tests.model_helpers import DREAM_DIR, LLADA_DIR
 

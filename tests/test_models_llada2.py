@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import load_model
-from engine.models.llada2 import FAMILY as llada2_family, moe_config
+from engine.models.families.llada2 import FAMILY as llada2_family, moe_config
 from engine.models.loader import mask_token_id
 from engine.models.step_inputs import RefreshPart
 from tests.model_helpers import left_padded, raw_checkpoint, read_config

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.models import llada2
-from engine.models.families import dream, llada, sdar
+from engine.models.families import dream, llada, llada2, sdar
 from engine.models.families.unserved import unserved_diffusion_model
 from engine.models.family import CheckpointIds, Family
 
