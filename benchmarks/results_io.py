@@ -47,8 +47,9 @@ def versions() -> dict[str, str]:
     return found
 
 
-def meta(argv: list[str]) -> dict:
-    return {"command": "python -m benchmarks " + shlex.join(argv),
+def meta(argv: list[str], program: str = "python -m benchmarks") -> dict:
+    """The record's provenance: ``program`` and ``argv`` make its command."""
+    return {"command": f"{program} {shlex.join(argv)}",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": machine_description(), "versions": versions(), "cwd": portable_path(os.getcwd()),
             "argv0": portable_path(sys.argv[0])}
@@ -60,12 +61,13 @@ def portable_path(path: str) -> str:
     return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else path
 
 
-def write_results(out: Path, name: str, payload: dict, argv: list[str]) -> Path:
-    """``<out>/<name>.json``: ``{"meta": ..., **payload}``."""
+def write_results(out: Path, name: str, payload: dict, argv: list[str],
+                  program: str = "python -m benchmarks") -> Path:
+    """``<out>/<name>.json``: ``{"meta": ..., **payload}``; ``program`` is the CLI that ran it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
-    path.write_text(json.dumps({"meta": meta(argv)} | payload, indent=1, default=str) + "\n")
+    path.write_text(json.dumps({"meta": meta(argv, program)} | payload, indent=1, default=str) + "\n")
     return path
 
 

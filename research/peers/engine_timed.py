@@ -2,7 +2,7 @@
 ``BlockServeEngine`` (default schedule, batch 16), timed as the peer's loop is (the loop alone, one warm-up
 prompt first).
 
-    .venv/bin/python -m benchmarks.peers.engine_timed --reference PEER.json --out OURS.json [--threads 1]
+    .venv/bin/python -m research.peers.engine_timed --reference PEER.json --out OURS.json [--threads 1]
 
 The checkpoint goes through ``compare.load_checkpoint`` (the peer's MASK and stop ids; a word-level tokenizer
 for a checkpoint written without one, in a scratch copy removed after loading). ``--profile FILE`` also writes
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.peers.compare import load_checkpoint, run_settings
 from engine import BlockServeEngine, SamplingParams
+from research.peers.compare import load_checkpoint, run_settings
 
 
 def load(reference: dict):

@@ -1,7 +1,7 @@
 """What batch-invariant bf16 costs: CPU tokens/s of a model loaded with and without ``batch_invariant=True``,
 measured side by side, and the cost on an H200 projected from the same runs' traces.
 
-    python -m benchmarks batch-invariant --scale full      # HumanEval replay, 64 requests, 3 rounds
+    python -m research batch-invariant --scale full      # HumanEval replay, 64 requests, 3 rounds
 
 First, the cause at the kernel: random bf16 rows attended alone and left-padded into wider boxes
 (pads 1-97 columns), the share of output elements that differ, with bf16 SDPA over the padded box
@@ -99,7 +99,7 @@ def host_model_measure() -> HostModel:
 def main(argv: list[str] | None = None) -> dict:
     from engine.models import load_model
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks batch-invariant", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m research batch-invariant", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", default="full", choices=sorted(SCALES))
     parser.add_argument("--model", default="tiny")
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"CPU tokens/s: bf16 {plain:.1f}, batch-invariant {invariant:.1f} ({result['cpu_ratio']:.2f}x; rounds "
           f"{', '.join(f'{r:.2f}' for r in result['round_ratios'])}); operations per layer "
           f"{result['ops']}; projected H200 (LLaDA-8B) time x{projected_ratio:.3f}", flush=True)
-    write_results(args.out, "batch_invariant", result, ["batch-invariant", *(argv or [])])
+    write_results(args.out, "batch_invariant", result, ["batch-invariant", *(argv or [])], program="python -m research")
     return result
 
 

@@ -1,6 +1,6 @@
 """Does the Ray Data layer cost throughput? One BlockServeActor vs the bare engine, same prompts, one run.
 
-    python -m benchmarks pipeline --rows 96 --caps 32,64,96,128 --repeats 3 [--with-sequential]
+    python -m research pipeline --rows 96 --caps 32,64,96,128 --repeats 3 [--with-sequential]
 
 Both sides run the same frozen copy of the model with the same torch threads. The bare engine gets every
 prompt at once (``engine.generate``). The pipeline feeds them through ``ray.data`` in batches to one

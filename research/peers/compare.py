@@ -1,6 +1,6 @@
 """Compare the engine with a peer's own outputs (``sdar_ref.py`` / ``llada2_ref.py`` JSON): logits and tokens.
 
-    python -m benchmarks.peers.compare runs/peers/out/sdar.json runs/peers/out/llada2.json \\
+    python -m research.peers.compare runs/peers/out/sdar.json runs/peers/out/llada2.json \\
         --out benchmarks/results/peers_block_causal.json
 
 For every forward the peer recorded, our logits of the same tokens: a full block-causal forward

@@ -10,7 +10,7 @@
   ``time_taken_llm`` (arrival at the engine to its answer), what tokenizing it costs (the job's
   prompt-length stage does that), and the job's wall time with it over without.
 
-    python -m benchmarks long-input --part http --part job
+    python -m research long-input --part http --part job
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What aging (``max_wait_s``) costs in throughput, and what it buys the wide requests it rescues.
 
-    python -m benchmarks aging [--steps 240] [--json out.json]
+    python -m research aging [--steps 240] [--json out.json]
 
 A steady stream, the case aging exists for: one short request (10-token prompt) arrives at every
 engine step, and a wide one (150-token prompt) every ``--wide-every`` steps. With length-sorted,

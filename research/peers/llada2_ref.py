@@ -2,7 +2,7 @@
 
 Run with the repo venv and transformers 4.57.1 installed with ``pip --target`` (see README.md)::
 
-    .venv/bin/python benchmarks/peers/llada2_ref.py --peer-dir runs/peers/ref/llada2 \
+    .venv/bin/python research/peers/llada2_ref.py --peer-dir runs/peers/ref/llada2 \
         --transformers runs/peers/tf457 --checkpoint DIR --out FILE.json [--make-checkpoint] [--mask-id ID]
 
 The model is the peer's ``LLaDA2MoeModelLM`` (SDPA attention, never eager: the eager path turns the peer's

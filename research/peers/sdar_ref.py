@@ -2,7 +2,7 @@
 
 Run with the repo venv and transformers 4.52.4 installed with ``pip --target`` (see README.md)::
 
-    .venv/bin/python benchmarks/peers/sdar_ref.py --peer-dir runs/peers/ref/sdar \
+    .venv/bin/python research/peers/sdar_ref.py --peer-dir runs/peers/ref/sdar \
         --transformers runs/peers/tf452 --checkpoint DIR --out FILE.json [--make-checkpoint]
 
 The model is the peer's ``SDARForCausalLM`` (``modeling_sdar.py``); generation is the peer's own

@@ -11,9 +11,9 @@ reduction of host work goes below. ``--hidden`` / ``--heads`` shrink the model t
 ``--mixed`` also runs a 64-request mixed workload (arrivals, different prompt lengths) under all four
 schedules on one compiled model and reports the graphs it compiled.
 
-    python -m benchmarks compiled-step                 # 32 layers, 16 requests, 3 rounds
-    python -m benchmarks compiled-step --mixed         # + the 64-request graph count
-    python -m benchmarks compiled-step --hidden 8 --heads 1   # less arithmetic per operation
+    python -m research compiled-step                 # 32 layers, 16 requests, 3 rounds
+    python -m research compiled-step --mixed         # + the 64-request graph count
+    python -m research compiled-step --hidden 8 --heads 1   # less arithmetic per operation
 """
 from __future__ import annotations
 

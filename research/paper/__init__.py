@@ -1,0 +1,1 @@
+"""The paper's evaluation side by side on one model: ``python -m research paper``."""

