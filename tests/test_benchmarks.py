@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from engine import EngineConfig, SamplingParams
-
 STORED = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 HOST = {"fixed_ops": {"refresh": 200.0, "window": 150.0, "packed": 230.0},
@@ -21,24 +19,6 @@ def host_model_file(tmp_path):
     path.write_text(json.dumps(HOST))
     return str(path)
 
-
-def test_scheduler_replay_matches_the_engine_when_lengths_are_known(tiny_engine_factory):
-    from benchmarks.simulate import simulate_schedule
-
-    config = dict(max_batch_size=3, token_budget=3 * 100, cache="dual", decoding="quota", steps_per_block=4)
-    engine = tiny_engine_factory(dtype="float32", **config)
-    prompts = [[1, 20 + i] * (3 + 4 * i) for i in range(6)]
-    caps = [32, 64, 32, 96, 32, 64]
-    for prompt, cap in zip(prompts, caps):
-        engine.add_request(prompt, SamplingParams(max_new_tokens=cap, stop_at_eos=False))
-    while engine.has_unfinished_requests():
-        engine.step()
-    trace = list(engine.stats_collector.trace)
-    replay = simulate_schedule([len(p) for p in prompts], caps, EngineConfig(**config), 3 * 100)
-    assert replay["steps"] == len(trace) == engine.stats().denoise_steps
-    assert replay["peak_rows"] == max(record.rows for record in trace)
-    assert replay["row_steps"] == sum(record.rows for record in trace)
-    assert replay["peak_box"] == engine.stats().peak_bounding_box_tokens
 
 
 def test_gpu_smoke_runs_the_whole_path_and_leaves_results_traces_and_a_summary(tmp_path):

