@@ -9,6 +9,7 @@ from benchmarks import measure_host
 from benchmarks.perfmodel.calibration_fit import calibration_rows, fit_constants
 from benchmarks.perfmodel.hardware import DEVICES, MODELS
 from benchmarks.perfmodel.projection import forward_cost, load_constants
+from engine.layout import RowLayout
 from engine.models.config import TransformerConfig
 from engine.models.kv_cache import KVCache
 from engine.models.loader import TINY_MODEL_DIR, DiffusionLM, SpecialTokenIds, load_tokenizer
@@ -42,9 +43,9 @@ def random_lm(name: str, config: TransformerConfig, mask_id: int, eos_id: int, l
         model.tie_weights()
     model.eval().requires_grad_(False)
     special_ids = SpecialTokenIds(mask_id=mask_id, eos_id=eos_id, pad_id=eos_id, stop_ids=(eos_id,))
-    return DiffusionLM(name=name, family="llada" if logit_shift == 0 else "dream", model=model,
-                       tokenizer=load_tokenizer(TINY_MODEL_DIR), special_ids=special_ids, logit_shift=logit_shift,
-                       max_length=config.max_position_embeddings)
+    layout = RowLayout("llada" if logit_shift == 0 else "dream", logit_shift=logit_shift)  # as those families load
+    return DiffusionLM(name=name, family=layout.family, model=model, tokenizer=load_tokenizer(TINY_MODEL_DIR),
+                       special_ids=special_ids, layout=layout, max_length=config.max_position_embeddings)
 
 
 def _parts(lm: DiffusionLM, refresh_rows: int, window_rows: int, width: int):
