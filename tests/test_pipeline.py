@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import ConfigError, load_config
-from tests.pipeline_helpers import REPO_ROOT, demo_rows, freeze_tiny_model, read_outputs
+from tests.pipeline_helpers import REPO_ROOT, demo_rows, freeze_tiny_model, read_outputs, run_small_job
 
 TINY_CONFIG = REPO_ROOT / "configs" / "tiny-cpu.yaml"
 OUTPUT_COLUMNS = {"generated_text", "generated_tokens", "num_generated_tokens", "num_input_tokens",
@@ -29,21 +29,6 @@ OUTPUT_COLUMNS = {"generated_text", "generated_tokens", "num_generated_tokens", 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> str:
     return str(freeze_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
-
-
-def run_job(tiny_model: str, output: Path, *overrides: str, input_path: Path | None = None) -> int:
-    from pipeline.run import main
-
-    args = ["--config", str(TINY_CONFIG), "--output", str(output),
-            "--set", f"model={tiny_model}", "--set", "sampling.max_new_tokens=32",
-            "--set", "actors.num_cpus=0.25", "--set", "actors.batch_size=4",
-            "--set", "actors.max_concurrent_batches=2", "--set", "actors.num_actors=1",
-            "--set", "actors.startup_timeout_s=300", "--set", "bucketing.num_buckets=2"]
-    if input_path is not None:
-        args += ["--input", str(input_path), "--set", "limit=null"]
-    for override in overrides:
-        args += ["--set", override]
-    return main(args)
 
 
 def fail_after_rows(rows: int, mode: str) -> tuple[str, ...]:
@@ -157,7 +142,7 @@ def finished_run(ray_cluster, tiny_model, tmp_path_factory):
     output = tmp_path_factory.mktemp("run") / "out"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = run_job(tiny_model, output, "limit=12", "actors.num_gpus=1", "actors.num_actors=2")
+        code = run_small_job(tiny_model, output, "limit=12", "actors.num_gpus=1", "actors.num_actors=2")
     return code, output, printed.getvalue()
 
 
@@ -224,7 +209,7 @@ def test_an_engine_death_is_restarted_every_row_written_once_and_the_summary_say
     pq.write_table(pa.Table.from_pylist(source), input_path)
     output = tmp_path / "out"
     capsys.readouterr()
-    code = run_job(tiny_model, output, *fail_after_rows(4, "engine"), input_path=input_path)
+    code = run_small_job(tiny_model, output, *fail_after_rows(4, "engine"), input_path=input_path)
     assert code == 0
     rows = read_outputs(output)
     assert sorted(r["prompt"] for r in rows) == sorted(r["prompt"] for r in source)
@@ -243,7 +228,7 @@ def poison_job(tiny_model: str, tmp_path: Path, *overrides: str) -> tuple[int, l
     input_path = tmp_path / "prompts.jsonl"
     input_path.write_text("".join(json.dumps(row) + "\n" for row in source))
     output = tmp_path / "out"
-    code = run_job(tiny_model, output, "actors.actor_class=tests.fault_injection.ExitOnPrompt",
+    code = run_small_job(tiny_model, output, "actors.actor_class=tests.fault_injection.ExitOnPrompt",
                    f"actors.actor_options.exit_on_prompt={json.dumps(source[4]['prompt'])}", *overrides,
                    input_path=input_path)
     return code, source, str(output)
@@ -280,14 +265,14 @@ def test_job_that_fails_part_way_resumes_to_every_row_exactly_once(ray_cluster, 
     input_path = tmp_path / "prompts.csv"
     pacsv.write_csv(pa.Table.from_pylist(source), input_path)
     output = tmp_path / "out"
-    code = run_job(tiny_model, output, *fail_after_rows(4, "error"), input_path=input_path)
+    code = run_small_job(tiny_model, output, *fail_after_rows(4, "error"), input_path=input_path)
     assert code == 1
     written_before = len(read_outputs(output)) if (output / "outputs").exists() else 0
     assert written_before < 8
     (output / "outputs").mkdir(parents=True, exist_ok=True)
     (output / "outputs" / "torn.parquet").write_bytes(b"PAR1 cut off mid-write")
 
-    assert run_job(tiny_model, output, input_path=input_path) == 0
+    assert run_small_job(tiny_model, output, input_path=input_path) == 0
     rows = read_outputs(output)
     assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in source)
     run = stats_of(output)["run"]
@@ -295,7 +280,7 @@ def test_job_that_fails_part_way_resumes_to_every_row_exactly_once(ray_cluster, 
     assert not (output / "outputs" / "torn.parquet").exists()
 
     capsys.readouterr()
-    assert run_job(tiny_model, output, input_path=input_path) == 0
+    assert run_small_job(tiny_model, output, input_path=input_path) == 0
     assert "nothing to do" in capsys.readouterr().out and len(read_outputs(output)) == 8
 
 
