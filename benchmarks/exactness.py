@@ -50,7 +50,7 @@ BLOCK = 16
 
 def cells(lm: DiffusionLM) -> tuple[dict, tuple[str, ...]]:
     """The rules and cache modes a family is measured in (a block-causal family has one cache mode)."""
-    return (BLOCK_CAUSAL_RULES, ("dual",)) if lm.attention == "block_causal" else (RULES, CACHES)
+    return (BLOCK_CAUSAL_RULES, ("dual",)) if lm.layout.block_causal else (RULES, CACHES)
 
 
 def mixed_prompts(count: int, vocab: int, mask_id: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -76,7 +76,7 @@ def solo_tokens(lm: DiffusionLM, config: EngineConfig, rule: DecodeRule, prompt:
     """The prompt's tokens alone: the oracle's, or for a block-causal family the engine's with no other
     row (its oracle stores a finished block in a forward of its own, the engine in the next block's
     first step: other shapes, so bf16 rounding may differ)."""
-    if lm.attention == "block_causal" and lm.dtype != torch.float32:
+    if lm.layout.block_causal and lm.dtype != torch.float32:
         return BlockServeEngine(lm, config).generate([prompt], SamplingParams(max_new_tokens=cap))[0].token_ids
     return reference_generate(lm, prompt, max_new_tokens=cap, block_length=BLOCK, rule=rule,
                               cache=config.cache).token_ids

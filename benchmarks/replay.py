@@ -74,7 +74,7 @@ class ReplayWorkload:
         """``lm`` wrapped in the steering (a block-causal family's knows rows by their cached keys)."""
         from benchmarks.steering_block_causal import BlockCausalSteeredModel
 
-        steering = BlockCausalSteeredModel if lm.attention == "block_causal" else SteeredModel
+        steering = BlockCausalSteeredModel if lm.layout.block_causal else SteeredModel
         model = steering(lm.model, logit_shift=lm.logit_shift, mask_id=lm.special_ids.mask_id,
                              eos_id=lm.special_ids.eos_id, stop_ids=lm.special_ids.stop_ids,
                              prompt_lengths=[len(p) for p in self.prompt_token_ids],
@@ -121,7 +121,7 @@ def replay(name: str, lm: DiffusionLM, count: int | None = None, profile: str = 
     if count is not None:
         prompts, lengths = prompts[:count], lengths[:count]
     prompts, shift = distinct_widths(lm, prompts, keep, seed)
-    if lm.attention == "block_causal":  # its steering knows a request by its first two prompt tokens
+    if lm.layout.block_causal:  # its steering knows a request by its first two prompt tokens
         from benchmarks.steering_block_causal import tag_prompts
 
         prompts = tag_prompts(prompts, ordinary_tokens(lm))
