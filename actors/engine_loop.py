@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from actors.request_stream import BlockEvent, RequestStream
 from engine import BlockServeEngine, EngineStats, RequestOutput, SamplingParams
-from engine.outputs import StepReport
-from engine.prompts import Prompt
+from engine.models.prompts import Prompt
+from engine.scheduling.outputs import StepReport
 
 logger = logging.getLogger(__name__)
 

@@ -9,13 +9,13 @@ from benchmarks import measure_host
 from benchmarks.perfmodel.calibration_fit import calibration_rows, fit_constants
 from benchmarks.perfmodel.hardware import DEVICES, MODELS
 from benchmarks.perfmodel.projection import forward_cost, load_constants
-from engine.layout import RowLayout
 from engine.models.config import TransformerConfig
 from engine.models.kv_cache import KVCache
+from engine.models.layout import RowLayout
 from engine.models.loader import TINY_MODEL_DIR, DiffusionLM, SpecialTokenIds, load_tokenizer
 from engine.models.step_inputs import RefreshPart, WindowPart
 from engine.models.transformer import BidirectionalTransformer
-from engine.trace import ForwardRecord
+from engine.scheduling.trace import ForwardRecord
 
 BLOCK = 32
 WIDTHS = (160, 400, 700)  # HumanEval rows: prompt (39-389 BPE tokens) + canvas (256)

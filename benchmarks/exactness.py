@@ -10,7 +10,7 @@ For each family x dtype x decoding rule x cache mode (block-causal families: the
 cache mode), ``--prompts`` mixed prompts (lengths 3-40 tokens,
 caps of 1-3 blocks) run through the engine at batch 8 on the ``continuous`` schedule, so rows sit at
 different blocks and start blocks at different steps; each output is compared with
-``engine.reference.reference_generate`` on the same prompt alone. ``--modes batch-invariant`` loads
+``engine.oracle.reference.reference_generate`` on the same prompt alone. ``--modes batch-invariant`` loads
 the model with ``batch_invariant=True`` (the oracle then runs on the same model object, so in the
 same mode); ``--compile`` loads it compiled and the oracle on an eager copy. A random model is never
 confident,
@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
-from engine.decoding import DecodeRule
 from engine.models import DiffusionLM, load_model
-from engine.reference import reference_generate
+from engine.oracle.reference import reference_generate
+from engine.runner.decoding import DecodeRule
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 FAMILIES = {"llada": FIXTURES / "tiny-llada", "dream": FIXTURES / "tiny-dream",

@@ -2,7 +2,7 @@
 (``benchmarks.exactness`` on the LLaDA and Dream fixtures and the tiny model, every rule x cache).
 
 Each mode runs in a child process: cuBLAS reads its workspace settings when its handle is created, so
-the batch-invariant child starts with ``engine.batch_invariance.CUBLAS_ENVIRONMENT`` in its environment
+the batch-invariant child starts with ``engine.models.batch_invariance.CUBLAS_ENVIRONMENT`` in its environment
 and the default child without it, whatever the parent's GEMMs already did.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.batch_invariance import CUBLAS_ENVIRONMENT
+from engine.models.batch_invariance import CUBLAS_ENVIRONMENT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESERVE_S = 120.0  # kept for this stage out of the run's time budget

@@ -35,7 +35,7 @@ from benchmarks.workloads import DATA_DIR, Workload, chat, encode_text
 from engine import SamplingParams
 from engine.config import blocks_needed
 from engine.models.loader import DiffusionLM
-from engine.prompts import encode_prompt
+from engine.models.prompts import encode_prompt
 from tinylm.tasks import read_jsonl
 
 HUMANEVAL_LENGTHS = Path(__file__).resolve().parent / "data" / "humaneval_lengths.json"

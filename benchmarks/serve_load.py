@@ -35,7 +35,7 @@ from actors.engine_loop import EngineLoop
 from benchmarks.summary import median, percentile
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models.loader import DiffusionLM, load_model, resolve_model_dir
-from engine.prompts import encode_prompt
+from engine.models.prompts import encode_prompt
 from tinylm.tasks import read_jsonl
 
 DATA = Path(__file__).resolve().parents[1] / "assets" / "data" / "heldout.jsonl"

@@ -1,6 +1,6 @@
 """BlockServe engine: block-grained continuous batching for diffusion LLMs (pure torch, no Ray).
 
-Names load on first use, so ``import engine.scheduler`` pulls in neither torch nor transformers.
+Names load on first use, so ``import engine.scheduling.scheduler`` pulls in neither torch nor transformers.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from engine.lazy_exports import lazy_exports
 __getattr__, __all__ = lazy_exports("engine", {
     "BlockServeEngine": "engine.engine",
     "EngineConfig": "engine.config",
-    "EngineStats": "engine.stats",
-    "RequestOutput": "engine.request",
+    "EngineStats": "engine.scheduling.stats",
+    "RequestOutput": "engine.scheduling.request",
     "SamplingParams": "engine.config",
 })

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SCHEDULES = ("continuous", "block_sync", "static", "shrink")  # engine/policies.py: one policy each
+SCHEDULES = ("continuous", "block_sync", "static", "shrink")  # engine/scheduling/policies.py: one policy each
 CACHE_MODES = ("dual", "prefix", "none")
 DECODING_RULES = ("threshold", "quota", "factor", "factor_prefix", "dream", "low_confidence",
                   "low_confidence_dynamic", "low_confidence_static")
@@ -72,7 +72,7 @@ class EngineConfig:
     # an offline batch drains anyway, an online server should set it)
     cache: str = "dual"  # "dual" | "prefix" | "none"
     decoding: str = "threshold"  # "threshold" | "quota" | "factor" (Fast-dLLM's) | "factor_prefix" (the paper's)
-    # | "dream" (Dream's diffusion_generate: its per-step count and dream_alg's score, see engine/decoding.py)
+    # | "dream" (Dream's diffusion_generate: its per-step count and dream_alg's score, see engine/runner/decoding.py)
     # | "low_confidence" (SGLang's) | "low_confidence_dynamic" / "low_confidence_static" (SDAR's, LLaDA2's)
     threshold: float = 0.9
     factor: float = 1.0
@@ -162,7 +162,7 @@ class SamplingParams:
     temperature: float = 0.0
     seed: int | None = None
     stop_at_eos: bool = True  # False: run to the block cap (benchmarks with length caps)
-    # sampled rows only (engine/logit_processors.py): keep the top_k tokens (0: all), then the smallest
+    # sampled rows only (engine/runner/logit_processors.py): keep the top_k tokens (0: all), then the smallest
     # set reaching probability top_p (1.0: all)
     top_k: int = 0
     top_p: float = 1.0

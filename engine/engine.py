@@ -9,17 +9,17 @@ from pathlib import Path
 
 import torch
 
-from engine.admission import AdmissionError, AdmissionLimits
 from engine.config import EngineConfig, SamplingParams
-from engine.memory import check_arena_fits
-from engine.model_fit import config_for_model
 from engine.models.loader import DiffusionLM, load_model
-from engine.outputs import RunnerOutput, SchedulerOutput, StepReport
-from engine.prompts import Prompt, PromptTooLongError, encode_prompt
-from engine.request import Request, RequestOutput, RequestStatus, TokenLogprob
-from engine.runner import ModelRunner
-from engine.scheduler import Scheduler
-from engine.stats import EngineStats, StatsCollector
+from engine.models.prompts import Prompt, PromptTooLongError, encode_prompt
+from engine.runner.memory import check_arena_fits
+from engine.runner.model_runner import ModelRunner
+from engine.scheduling.admission import AdmissionError, AdmissionLimits
+from engine.scheduling.model_fit import config_for_model
+from engine.scheduling.outputs import RunnerOutput, SchedulerOutput, StepReport
+from engine.scheduling.request import Request, RequestOutput, RequestStatus, TokenLogprob
+from engine.scheduling.scheduler import Scheduler
+from engine.scheduling.stats import EngineStats, StatsCollector
 
 
 class BlockServeEngine:

@@ -108,7 +108,7 @@ def load_tokenizer(model: str):
 
 def prompt_length(tokenizer, prompt, chat_template: bool) -> int:
     """Tokens the engine will see; 0 for a prompt it will reject (the actor reports why)."""
-    from engine.prompts import encode_prompt
+    from engine.models.prompts import encode_prompt
 
     if chat_template and isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from benchmarks.perfmodel.moe import expected_experts_touched
-from engine.trace import ForwardRecord
+from engine.scheduling.trace import ForwardRecord
 
 
 def _active_end(record: ForwardRecord) -> int:

@@ -7,7 +7,7 @@ runner's part played by hand, so a policy's decisions are stated as steps and ev
     scheduler.update(runner_output(scheduled, complete={"r0": True}, stops={"r1": 2}))
     trace = drive(scheduler, completes_after={"r0": 3}, stops={"r1": 0})   # play the runner to the end
 
-Nothing here imports torch: ``engine.scheduler`` does not (tests/test_import_boundaries.py), and neither
+Nothing here imports torch: ``engine.scheduling.scheduler`` does not (tests/test_import_boundaries.py), and neither
 does this module (tests/test_scheduler.py).
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from engine.config import EngineConfig, SamplingParams, blocks_needed
-from engine.outputs import RowResult, RunnerOutput, SchedulerOutput
-from engine.request import Request, first_stop
-from engine.scheduler import Scheduler
+from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
+from engine.scheduling.request import Request, first_stop
+from engine.scheduling.scheduler import Scheduler
 
 BLOCK = 4  # the specs' block length: small enough to spell a block out
 EOS = 9  # the specs' one stop token

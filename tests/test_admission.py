@@ -10,7 +10,7 @@ import pytest
 
 from actors.serving.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from engine import BlockServeEngine, EngineConfig, SamplingParams
-from engine.admission import AdmissionError, AdmissionLimits
+from engine.scheduling.admission import AdmissionError, AdmissionLimits
 from tests.pipeline_helpers import freeze_tiny_model
 
 ENGINE = {"block_length": 8, "max_batch_size": 2, "max_model_len": 64}

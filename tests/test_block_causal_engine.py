@@ -10,10 +10,10 @@ import random
 import pytest
 
 from engine.config import EngineConfig, SamplingParams
-from engine.decoding import DecodeRule
 from engine.engine import BlockServeEngine
 from engine.models.loader import load_model
-from engine.reference import reference_generate
+from engine.oracle.reference import reference_generate
+from engine.runner.decoding import DecodeRule
 from tests.conftest import FIXTURES
 
 FAMILIES = ("tiny-sdar", "tiny-llada2")

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from engine.decoding import (
+from engine.runner.decoding import (
     DecodeRule,
     Sampling,
     dream_transfer_count,
@@ -206,7 +206,7 @@ def test_committed_positions_never_outrank_masks_with_negative_scores():
 
 def test_dream_decoding_rejects_origin_missing_steps_and_fast_dllm_windows():
     from engine import EngineConfig
-    from engine.decoding import decode_rule
+    from engine.runner.decoding import decode_rule
 
     with pytest.raises(ValueError, match="maskgit_plus.*topk_margin.*entropy.*origin"):
         EngineConfig(decoding="dream", steps_per_block=8, dream_alg="origin")
@@ -228,7 +228,7 @@ def test_dream_decoding_rejects_origin_missing_steps_and_fast_dllm_windows():
 def test_batched_dream_decoding_equals_the_reference(alg):
     from engine import BlockServeEngine, EngineConfig, SamplingParams
     from engine.models import load_model
-    from engine.reference import reference_generate
+    from engine.oracle.reference import reference_generate
     from tests.model_helpers import DREAM_DIR
 
     lm = load_model(DREAM_DIR, dtype="float64")
@@ -246,7 +246,7 @@ def test_batched_dream_decoding_equals_the_reference(alg):
 def test_sampling_noise_is_the_same_whatever_its_chunking_and_its_scratch_is_bounded(monkeypatch):
     """The int64 hashing runs over chunks of positions (LLaDA's 126k vocabulary at 64 sampled rows would
     otherwise build ~2 GiB temporaries); the noise does not depend on the chunk size."""
-    import engine.decoding as decoding
+    import engine.runner.decoding as decoding
 
     seeds, steps = torch.tensor([5, 123456789]), torch.tensor([3, 40])
     positions = torch.arange(8).repeat(2, 1) + torch.tensor([[0], [64]])

@@ -26,7 +26,7 @@ def test_stats_account_for_tokens_steps_and_time(tiny_engine_factory, heldout_ro
 @pytest.mark.parametrize("cache", ["dual", "none"])
 def test_the_arena_holds_exactly_the_memory_model_and_rows_leaving_allocate_nothing(
         tiny_engine_factory, heldout_rows, cache):
-    from engine.memory import memory_model
+    from engine.runner.memory import memory_model
 
     engine = tiny_engine_factory(dtype="float32", max_batch_size=4, cache=cache)
     batch = engine.runner.batch

@@ -6,8 +6,8 @@ import itertools
 import pytest
 
 from engine import EngineConfig, SamplingParams
-from engine.decoding import DecodeRule
-from engine.reference import reference_generate
+from engine.oracle.reference import reference_generate
+from engine.runner.decoding import DecodeRule
 from tests.engine_helpers import StepRecorder, chat, mixed_workload
 
 _REFERENCE_RESULTS: dict = {}  # the oracle's answers, shared by the tests of every schedule

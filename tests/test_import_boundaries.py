@@ -133,4 +133,16 @@ def test_importing_actors_loads_neither_torch_nor_ray():
 
 
 def test_importing_the_scheduler_loads_neither_torch_nor_transformers():
-    assert not {"torch", "transformers"} & modules_loaded_by("import engine.scheduler")
+    assert not {"torch", "transformers"} & modules_loaded_by("import engine.scheduling.scheduler")
+
+
+def test_the_scheduling_side_of_the_engine_loads_neither_torch_nor_transformers():
+    scheduling = sorted(path.stem for path in (ROOT / "engine" / "scheduling").glob("*.py"))
+    imports = "; ".join(f"import engine.scheduling.{name}" for name in scheduling)
+    assert not {"torch", "transformers"} & modules_loaded_by(imports)
+
+
+def test_the_engine_top_level_holds_only_the_public_api_and_its_sides():
+    top = {path.name for path in (ROOT / "engine").iterdir() if not path.name.startswith((".", "__pycache__"))}
+    assert top == {"__init__.py", "lazy_exports.py", "config.py", "engine.py",
+                   "scheduling", "runner", "models", "oracle"}

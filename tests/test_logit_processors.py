@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.logit_processors import TokenFilters, filter_top_k_top_p
-from engine.reference import reference_generate
+from engine.oracle.reference import reference_generate
+from engine.runner.logit_processors import TokenFilters, filter_top_k_top_p
 
 INF = float("-inf")
 

@@ -46,7 +46,7 @@ def test_words_up_to_the_piece_length_tokenize_as_one_wordpiece_run(tiny_tokeniz
 
 def test_the_guard_bound_is_the_longest_vocabulary_string_and_counts_only_covered_characters(
         tiny_tokenizer):
-    from engine.prompts import counted_characters, max_chars_per_token
+    from engine.models.prompts import counted_characters, max_chars_per_token
 
     assert tiny_tokenizer.backend_tokenizer.normalizer is None
     assert max_chars_per_token(tiny_tokenizer) == max(map(len, tiny_tokenizer.get_vocab())) == len(
@@ -55,7 +55,7 @@ def test_the_guard_bound_is_the_longest_vocabulary_string_and_counts_only_covere
 
 
 def test_every_prompt_the_guard_refuses_really_has_more_tokens_than_allowed(tiny_tokenizer):
-    from engine.prompts import PromptTooLongError, check_fits
+    from engine.models.prompts import PromptTooLongError, check_fits
 
     texts = ["count from 1 to 399 " * 40, "x" * 2000, "<|start_header_id|>" * 60, "1,2;3 " * 300]
     for text in texts:

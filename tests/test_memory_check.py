@@ -11,8 +11,8 @@ import pytest
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.config import DEFAULT_MAX_MODEL_LEN
-from engine.memory import available_bytes, check_arena_fits, memory_model
 from engine.models import load_model
+from engine.runner.memory import available_bytes, check_arena_fits, memory_model
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -56,7 +56,7 @@ def test_without_a_cache_the_row_arena_is_checked_too(tiny):
 
 def test_an_arena_that_fits_but_a_full_budget_step_may_not_is_a_warning(tiny, caplog):
     config = EngineConfig(max_batch_size=4, token_budget=10**12)  # activations of 10^12 box tokens
-    with caplog.at_level(logging.WARNING, logger="engine.memory"):
+    with caplog.at_level(logging.WARNING, logger="engine.runner.memory"):
         model = check_arena_fits(tiny, config)
     assert model.arena_bytes == BlockServeEngine(tiny, config).runner.batch.num_bytes
     assert any("token_budget=1000000000000" in record.getMessage() for record in caplog.records)

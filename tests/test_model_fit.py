@@ -33,7 +33,7 @@ def test_a_full_attention_model_keeps_blocks_of_32_by_default():
 
 def test_another_block_on_a_block_causal_model_runs_with_one_warning_naming_the_trained_size(caplog):
     lm = load_model(FIXTURES / "tiny-sdar")
-    with caplog.at_level(logging.WARNING, logger="engine.model_fit"):
+    with caplog.at_level(logging.WARNING, logger="engine.scheduling.model_fit"):
         engine = BlockServeEngine(lm, EngineConfig(block_length=8))
         engine.generate([[5, 6, 7]], SamplingParams(max_new_tokens=8))
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
@@ -42,7 +42,7 @@ def test_another_block_on_a_block_causal_model_runs_with_one_warning_naming_the_
 
 
 def test_the_trained_block_given_explicitly_runs_without_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="engine.model_fit"):
+    with caplog.at_level(logging.WARNING, logger="engine.scheduling.model_fit"):
         BlockServeEngine(load_model(FIXTURES / "tiny-sdar"), EngineConfig(block_length=4))
     assert not caplog.records
 

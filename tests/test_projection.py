@@ -20,7 +20,7 @@ from benchmarks.perfmodel.projection import (
     save_constants,
     split_two_forwards,
 )
-from engine.trace import ForwardRecord
+from engine.scheduling.trace import ForwardRecord
 
 DATASHEET_PEAKS = Constants(efficiency=1.0, bandwidth_efficiency=1.0, launch_overhead_s=0.0)
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from engine.decoding import DecodeRule
 from engine.models import load_model
-from engine.reference import reference_generate
+from engine.oracle.reference import reference_generate
+from engine.runner.decoding import DecodeRule
 
 BLOCK = 32
 

@@ -3,7 +3,7 @@
 request gets the finish reason of what ended it. No model and no torch."""
 from __future__ import annotations
 
-from engine.request import RequestStatus
+from engine.scheduling.request import RequestStatus
 from tests.factories import EOS, drive, make_requests, make_scheduler, runner_output
 from tests.test_import_boundaries import modules_loaded_by
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.request import RequestStatus
+from engine.scheduling.request import RequestStatus
 from tests.factories import BLOCK, drive, make_requests, make_scheduler
 
 MIXED_STEPS = {f"r{n}": 1 + n % 3 for n in range(12)}  # blocks taking 1, 2 or 3 steps: rows fall out of phase

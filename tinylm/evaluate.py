@@ -17,9 +17,9 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from engine.decoding import DecodeRule
 from engine.models import load_model
-from engine.reference import reference_generate
+from engine.oracle.reference import reference_generate
+from engine.runner.decoding import DecodeRule
 from tinylm.tasks import BLOCK, CANVAS_BLOCKS, read_jsonl, validation_rows
 
 # The decoding the tiny configs use, chosen on the validation split (README, "The tiny model").

@@ -16,7 +16,7 @@ a DeveloperAPI, so the Ray versions are pinned: :data:`TESTED_RAY_VERSIONS`). Th
 Ray's own ``Processor``: its preprocess / postprocess wrapping, ``__inference_error__`` column and
 ``should_continue_on_error`` handling are Ray's. Its one stage is a :class:`BlockServeActor` per
 worker. Ray's chat-template and tokenize stages are not used, on purpose: the actor tokenizes with
-the engine's own code (``engine.prompts``), the same call ``engine.generate`` makes, so a processor's
+the engine's own code (``engine.models.prompts``), the same call ``engine.generate`` makes, so a processor's
 answers equal the engine's by construction, while Ray's stages render the template to text and
 tokenize that text again (a second BOS for templates that write ``{{ bos_token }}``, and one more copy
 of every prompt through the object store).

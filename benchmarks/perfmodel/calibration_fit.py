@@ -16,7 +16,7 @@ from benchmarks.perfmodel.hardware import Device, ModelShape
 from benchmarks.perfmodel.projection import Constants, forward_bytes, forward_cost, forward_flops
 
 if TYPE_CHECKING:  # only the type: importing the engine package would pull in torch
-    from engine.trace import ForwardRecord
+    from engine.scheduling.trace import ForwardRecord
 
 
 def _fit_grid(flops: np.ndarray, nbytes: np.ndarray, seconds: np.ndarray, device: Device,

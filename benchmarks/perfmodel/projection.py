@@ -1,6 +1,6 @@
 """Project what a recorded forward trace would cost on a GPU with real model shapes (a roofline).
 
-Benchmarks run a tiny model on a CPU, but every model call leaves an ``engine.trace.ForwardRecord``
+Benchmarks run a tiny model on a CPU, but every model call leaves an ``engine.scheduling.trace.ForwardRecord``
 (rows, tokens, context, logit positions). Here each record is priced on a ``benchmarks.perfmodel.hardware.Device``
 for a ``ModelShape`` (H = heads x head_dim, V = vocab, kv = KV-cache bytes per position):
 
@@ -62,7 +62,7 @@ from benchmarks.perfmodel.moe import expected_experts_touched
 
 if TYPE_CHECKING:  # only the type: importing the engine package would pull in torch
     from benchmarks.perfmodel.host_model import HostModel
-    from engine.trace import ForwardRecord
+    from engine.scheduling.trace import ForwardRecord
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "calibration"
 DEFAULT_SOURCE = "default (uncalibrated assumptions, benchmarks/perfmodel/hardware.py)"

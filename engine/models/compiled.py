@@ -12,7 +12,7 @@ writes the KV cache in place at a static address. Shapes are bucketed to bound t
 * rows round up to a power of two (at most the cache's slots; without a cache, uncapped); padding
   rows compute on pad tokens, write their keys/values to the cache's scratch column and are dropped;
 * a refresh part's width and a window's context round up to the next of a few widths. A full-attention
-  family's rows are right-aligned (``engine.batch``), so a bucket extends the box to the left, over
+  family's rows are right-aligned (``engine.runner.batch``), so a bucket extends the box to the left, over
   columns that are padding for every row of the box; a prefix window longer than one block rounds up too;
 * a block-causal family's rows (SDAR, LLaDA2) are left-aligned, so a bucket extends the box to the right:
   a window's context ``[0, furthest active block's end)`` grows over masked keys (its length stays one

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.layout import ATTENTION_KINDS
+from engine.models.layout import ATTENTION_KINDS
 
 
 @dataclass(frozen=True)

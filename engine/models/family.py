@@ -1,15 +1,15 @@
 """What a checkpoint family module defines: one :class:`Family`, read by the loader, the export and the
 fixtures. A family module maps its checkpoint's ``config.json`` and weight names onto the one transformer
-(``engine.models.transformer``) and says how its rows are laid out (``engine.layout``)."""
+(``engine.models.transformer``) and says how its rows are laid out (``engine.models.layout``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.layout import RowLayout
 from engine.models.checkpoint import WeightNames
 from engine.models.config import TransformerConfig
+from engine.models.layout import RowLayout
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The preallocated KV cache: every layer's keys and values for every slot.
 
-The transformer reads and writes it; ``engine.batch.PersistentBatch`` owns one and places rows in it.
+The transformer reads and writes it; ``engine.runner.batch.PersistentBatch`` owns one and places rows in it.
 """
 from __future__ import annotations
 

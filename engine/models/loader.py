@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from engine.batch_invariance import configure_cuda_batch_invariance
-from engine.layout import RowLayout
+from engine.models.batch_invariance import configure_cuda_batch_invariance
 from engine.models.checkpoint import load_weights, read_json
 from engine.models.families import Family, detect_family
+from engine.models.layout import RowLayout
 from engine.models.options import ModelOptions
 from engine.models.transformer import BidirectionalTransformer
 
@@ -162,7 +162,7 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
                compile: bool = False, batch_invariant: bool = False) -> DiffusionLM:
     """The checkpoint ``model`` on ``device`` in ``dtype``, run with the :class:`ModelOptions` ``compile``
     and ``batch_invariant`` by every engine it is given to (on CUDA, ``batch_invariant`` also applies
-    process-wide cuBLAS settings: ``engine.batch_invariance``)."""
+    process-wide cuBLAS settings: ``engine.models.batch_invariance``)."""
     options = ModelOptions(compile=compile, batch_invariant=batch_invariant)
     directory = resolve_model_dir(model)
     config = read_json(directory / "config.json")

@@ -13,7 +13,7 @@ class ModelOptions:
     """``compile``: one compiled graph per bucketed forward shape (``engine.models.compiled``); off by
     default until a GPU run shows it wins. ``batch_invariant``: a row's tokens independent of its batch
     in bf16 too: each row's attention on its own keys, and on CUDA process-wide cuBLAS settings
-    (``engine.batch_invariance``)."""
+    (``engine.models.batch_invariance``)."""
 
     compile: bool = False
     batch_invariant: bool = False

@@ -137,7 +137,7 @@ def _refresh_plan(part: RefreshPart, dtype: torch.dtype) -> PartPlan:
     if not part.block_causal:  # rows right-aligned in the box
         spans = [(row * length + length - keys, keys) for row, keys in enumerate(row_keys)]
         mask = additive_mask(part.key_mask, dtype)
-    else:  # block-causal rows sit left-aligned (engine.batch)
+    else:  # block-causal rows sit left-aligned (engine.runner.batch)
         spans = [(row * length, keys) for row, keys in enumerate(row_keys)]
         mask = block_causal_mask(part.key_mask, part.positions, part.positions, part.block_size, dtype)
     packed_index, token_spans = _pack(spans, rows, length, 0, part.tokens.device)

@@ -1,6 +1,6 @@
 """What one packed forward is given besides the KV cache (``engine.models.kv_cache``): a step's two parts.
 
-The transformer (``engine.models.transformer``) computes them; ``engine.batch_inputs`` builds them.
+The transformer (``engine.models.transformer``) computes them; ``engine.runner.batch_inputs`` builds them.
 A part with ``block_size`` set attends block-causally: a query at position p sees the keys at positions
 ``< (p // block_size + 1) * block_size`` (its own block and every block before it), as the block-causal
 families (SDAR, LLaDA2) were trained; with ``block_size`` None attention is bidirectional.

@@ -134,7 +134,7 @@ def capacity(lm: DiffusionLM, workload: Workload, scale: Scale, host: HostModel,
 
 def _row_widths(lm: DiffusionLM, workload: Workload, block_length: int = 32) -> list[int]:
     """prompt + canvas of every request, as the engine will size its row."""
-    from engine.prompts import encode_prompt
+    from engine.models.prompts import encode_prompt
 
     widths = []
     for prompt, params in zip(workload.prompts, workload.params):

@@ -28,10 +28,10 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
-from engine.decoding import DecodeRule
 from engine.models import DiffusionLM, load_model
-from engine.reference import reference_generate
-from engine.reference_block_causal import CachedBlockForward
+from engine.oracle.reference import reference_generate
+from engine.oracle.reference_block_causal import CachedBlockForward
+from engine.runner.decoding import DecodeRule
 
 RULES = {"bd3_dynamic": "low_confidence_dynamic", "bd3_static": "low_confidence_static",
          "l2hf_generate": "low_confidence_dynamic", "sglang_low_confidence": "low_confidence"}

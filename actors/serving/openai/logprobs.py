@@ -2,7 +2,7 @@
 
 Each number is the log-probability of the token at the denoising step that committed it, under the
 model's distribution over every token but MASK, with ``logit_bias`` and without temperature, top-k or
-top-p (see ``engine/logit_processors.py``). A diffusion decoder commits tokens out of order, so a token's
+top-p (see ``engine/runner/logit_processors.py``). A diffusion decoder commits tokens out of order, so a token's
 number is conditioned on the tokens committed before it in any position, not only those to its left.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from openai.types.chat.chat_completion_token_logprob import TopLogprob
 from openai.types.completion_choice import Logprobs
 from transformers import PreTrainedTokenizerBase
 
-from engine.request import TokenLogprob
+from engine.scheduling.request import TokenLogprob
 
 
 def within_text(tokenizer: PreTrainedTokenizerBase, entries: Sequence[TokenLogprob],

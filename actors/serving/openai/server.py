@@ -42,8 +42,8 @@ from actors.serving.openai.protocol import (
     token_usage,
 )
 from engine import RequestOutput, SamplingParams
-from engine.admission import AdmissionError
-from engine.prompts import Prompt
+from engine.models.prompts import Prompt
+from engine.scheduling.admission import AdmissionError
 
 if TYPE_CHECKING:  # Ray Serve's metrics: only the Serve deployment hands one in
     from actors.serving.serve_metrics import ServeMetrics

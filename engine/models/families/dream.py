@@ -15,10 +15,10 @@ Where the mapping comes from:
 """
 from __future__ import annotations
 
-from engine.layout import RowLayout
 from engine.models.checkpoint import QWEN_LAYER_NAMES, QWEN_TOP_NAMES, WeightNames
 from engine.models.config import TransformerConfig
 from engine.models.family import CheckpointIds, Family
+from engine.models.layout import RowLayout
 
 NAME = "dream"
 LOGIT_SHIFT = 1

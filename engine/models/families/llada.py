@@ -17,10 +17,10 @@ Where the mapping comes from:
 """
 from __future__ import annotations
 
-from engine.layout import RowLayout
 from engine.models.checkpoint import WeightNames
 from engine.models.config import TransformerConfig
 from engine.models.family import CheckpointIds, Family
+from engine.models.layout import RowLayout
 
 NAME = "llada"
 LOGIT_SHIFT = 0

@@ -22,10 +22,10 @@ Where the mapping comes from (the checkpoint's remote code ``modeling_llada2_moe
 """
 from __future__ import annotations
 
-from engine.layout import RowLayout
 from engine.models.checkpoint import WeightNames
 from engine.models.config import MoEConfig, TransformerConfig
 from engine.models.family import CheckpointIds, Family
+from engine.models.layout import RowLayout
 
 NAME = "llada2"
 LOGIT_SHIFT = 0

@@ -16,10 +16,10 @@ Where the mapping comes from (JetAstra/SDAR ``training/model/SDAR-*-Chat``):
 """
 from __future__ import annotations
 
-from engine.layout import RowLayout
 from engine.models.checkpoint import QWEN_LAYER_NAMES, QWEN_TOP_NAMES, WeightNames
 from engine.models.config import TransformerConfig
 from engine.models.family import CheckpointIds, Family
+from engine.models.layout import RowLayout
 
 NAME = "sdar"
 LOGIT_SHIFT = 0

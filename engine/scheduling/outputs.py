@@ -5,7 +5,7 @@
 
 - SchedulerOutput is built by ``Scheduler.schedule`` and read by ``ModelRunner.execute``. It lists the
   running ``Request`` objects of this step, so it lives on the host and is not a copy.
-- StepBatch is built by ``engine.batch_inputs.prepare_inputs`` from the runner's ``PersistentBatch``.
+- StepBatch is built by ``engine.runner.batch_inputs.prepare_inputs`` from the runner's ``PersistentBatch``.
   The runner reads it. Its tensors are on the device; its request ids and counts are on the host.
 - RefreshPart and WindowPart (``engine.models.step_inputs``) are the StepBatch's two parts, read by the
   transformer. They are device tensors with a few host tuples for the per-row attention.
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.request import Request, RequestOutput, TokenLogprob
-from engine.trace import ForwardRecord
+from engine.scheduling.request import Request, RequestOutput, TokenLogprob
+from engine.scheduling.trace import ForwardRecord
 
 
 @dataclass

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.decoding import DecodeRule, propose_tokens, select_commits
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import RefreshPart, WindowPart
-from engine.reference_steps import (
+from engine.oracle.reference_steps import (
     ReferenceResult,
     block_stops,
     committed_logprobs,
@@ -31,7 +30,8 @@ from engine.reference_steps import (
     row_bias,
     row_sampling,
 )
-from engine.request import TokenLogprob
+from engine.runner.decoding import DecodeRule, propose_tokens, select_commits
+from engine.scheduling.request import TokenLogprob
 
 
 @torch.no_grad()

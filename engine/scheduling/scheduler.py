@@ -1,6 +1,6 @@
 """Who runs at the next denoising step: queues, token-budget admission and eviction (policy only).
 
-The schedule's own rules live in ``engine.policies``, one small object per schedule. This file keeps
+The schedule's own rules live in ``engine.scheduling.policies``, one small object per schedule. This file keeps
 the queues and the two ways to admit. Budget admission (``admit_into_box``) first takes requests whose
 row fits the current bounding box's width. Then it widens the box while ``rows x widest row <=
 token_budget`` holds. A request pending longer than ``max_wait_s`` is admitted first, even if the box
@@ -16,9 +16,9 @@ import bisect
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.outputs import RunnerOutput, SchedulerOutput, SchedulerUpdate
-from engine.policies import make_policy
-from engine.request import Request, RequestStatus
+from engine.scheduling.outputs import RunnerOutput, SchedulerOutput, SchedulerUpdate
+from engine.scheduling.policies import make_policy
+from engine.scheduling.request import Request, RequestStatus
 
 
 @dataclass

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from engine.config import EngineConfig
-from engine.request import Request
+from engine.scheduling.request import Request
 
 
 class SchedulerState(Protocol):

@@ -15,7 +15,7 @@ so a row computes exactly what it would alone. A block-causal family's rows sit 
 (column = position): a step reads only the columns up to its rows' active blocks, and those grow from
 the left as rows advance. Slots are handed out lowest first. A leaving row only
 returns its slot. Before a step, :meth:`PersistentBatch.pack_window_rows` moves the rows that continue
-a block into slots ``[0, n)``, copying a moved row's keys and values. ``engine.batch_inputs`` then
+a block into slots ``[0, n)``, copying a moved row's keys and values. ``engine.runner.batch_inputs`` then
 builds the step's tensors from this batch without changing it.
 """
 from __future__ import annotations
@@ -25,10 +25,10 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.logit_processors import LogprobBuffer
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
-from engine.request import Request
+from engine.runner.logit_processors import LogprobBuffer
+from engine.scheduling.request import Request
 
 
 class PersistentBatch:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.config import SamplingParams, blocks_needed
-from engine.layout import RowLayout
+from engine.models.layout import RowLayout
 
 
 class AdmissionError(ValueError):

@@ -29,12 +29,11 @@ import dataclasses
 import torch
 
 from engine.config import blocks_needed
-from engine.decoding import DecodeRule, commits_first_position_first, propose_tokens, select_commits
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import RefreshPart, WindowPart
-from engine.reference_block_causal import block_causal_generate
-from engine.reference_steps import (
+from engine.oracle.reference_block_causal import block_causal_generate
+from engine.oracle.reference_steps import (
     ReferenceResult,
     block_stops,
     committed_logprobs,
@@ -42,7 +41,8 @@ from engine.reference_steps import (
     row_bias,
     row_sampling,
 )
-from engine.request import TokenLogprob
+from engine.runner.decoding import DecodeRule, commits_first_position_first, propose_tokens, select_commits
+from engine.scheduling.request import TokenLogprob
 
 THRESHOLD_RULE = DecodeRule("threshold")
 

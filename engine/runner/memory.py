@@ -1,7 +1,7 @@
 """The engine's memory model: what it allocates once, and what a step adds per bounding-box token.
 
 Fixed: the weights, and the arena allocated at construction: the persistent batch
-(``engine.batch.PersistentBatch``) of ``max_batch_size`` slots x ``max_model_len`` columns. It holds keys
+(``engine.runner.batch.PersistentBatch``) of ``max_batch_size`` slots x ``max_model_len`` columns. It holds keys
 and values of every layer (plus one scratch column), token ids, positions and key masks. Rows joining
 or leaving never allocate: they take and return slots. Transient: a step's activations grow with its
 bounding box (rows x widest row), and its logits with rows x block_length x vocab (logits exist only for
@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.decoding import NOISE_CHUNK_ELEMENTS
-from engine.model_fit import block_length_for
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
+from engine.runner.decoding import NOISE_CHUNK_ELEMENTS
+from engine.scheduling.model_fit import block_length_for
 
 INDEX_BYTES = 8  # token ids and positions are int64
 logger = logging.getLogger(__name__)

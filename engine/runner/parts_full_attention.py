@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.batch import PersistentBatch
 from engine.models.step_inputs import RefreshPart, WindowPart
-from engine.outputs import SchedulerOutput
-from engine.request import Request
+from engine.runner.batch import PersistentBatch
+from engine.scheduling.outputs import SchedulerOutput
+from engine.scheduling.request import Request
 
 
 class FullAttentionParts:

@@ -11,14 +11,14 @@ import time
 
 import torch
 
-from engine.batch import PersistentBatch
-from engine.batch_inputs import StepBatch, prepare_inputs, step_parts
 from engine.config import EngineConfig, window_lookback
-from engine.decoding import Sampling, decode_rule, gumbel_noise, propose_tokens, select_commits
-from engine.logit_processors import token_logprobs
 from engine.models.loader import DiffusionLM
-from engine.outputs import RowResult, RunnerOutput, SchedulerOutput
-from engine.request import Request, TokenLogprob, first_stop
+from engine.runner.batch import PersistentBatch
+from engine.runner.batch_inputs import StepBatch, prepare_inputs, step_parts
+from engine.runner.decoding import Sampling, decode_rule, gumbel_noise, propose_tokens, select_commits
+from engine.runner.logit_processors import token_logprobs
+from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
+from engine.scheduling.request import Request, TokenLogprob, first_stop
 
 
 class ModelRunner:

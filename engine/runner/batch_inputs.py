@@ -2,8 +2,8 @@
 
 :func:`prepare_inputs` runs after ``PersistentBatch.pack_window_rows``, so the window rows hold slots
 ``[0, n)`` in slot order. Whole rows come first in every per-row tensor, then window rows. What the two
-parts hold is the layout's (:class:`StepParts`): ``engine.parts_full_attention`` refreshes whole rows,
-``engine.parts_block_causal`` prefills admitted rows and stores finished blocks in the window.
+parts hold is the layout's (:class:`StepParts`): ``engine.runner.parts_full_attention`` refreshes whole rows,
+``engine.runner.parts_block_causal`` prefills admitted rows and stores finished blocks in the window.
 """
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from typing import Protocol
 
 import torch
 
-from engine.batch import PersistentBatch, to_device
-from engine.layout import RowLayout
-from engine.logit_processors import RowBias, TokenFilters, dense_bias
+from engine.models.layout import RowLayout
 from engine.models.step_inputs import RefreshPart, WindowPart
-from engine.outputs import SchedulerOutput
-from engine.parts_block_causal import BlockCausalParts
-from engine.parts_full_attention import FullAttentionParts
-from engine.request import Request
-from engine.trace import ForwardRecord
+from engine.runner.batch import PersistentBatch, to_device
+from engine.runner.logit_processors import RowBias, TokenFilters, dense_bias
+from engine.runner.parts_block_causal import BlockCausalParts
+from engine.runner.parts_full_attention import FullAttentionParts
+from engine.scheduling.outputs import SchedulerOutput
+from engine.scheduling.request import Request
+from engine.scheduling.trace import ForwardRecord
 
 
 class StepParts(Protocol):

@@ -1,4 +1,4 @@
-"""Pieces the single-request oracles share (``engine.reference``, ``engine.reference_block_causal``): the
+"""Pieces the single-request oracles share (``engine.oracle.reference``, ``engine.oracle.reference_block_causal``): the
 result type, one row's sampling inputs and logit bias, and the log-probabilities a step commits."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.decoding import Sampling, gumbel_noise
-from engine.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
-from engine.request import TokenLogprob, first_stop
+from engine.runner.decoding import Sampling, gumbel_noise
+from engine.runner.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
+from engine.scheduling.request import TokenLogprob, first_stop
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import collections
 import dataclasses
 from dataclasses import dataclass
 
-from engine.trace import ForwardRecord
+from engine.scheduling.trace import ForwardRecord
 
 TRACE_LIMIT = 200_000  # forwards kept for benchmarks (a long-running server keeps the latest ones)
 

@@ -33,7 +33,7 @@ class RequestStatus(enum.IntEnum):
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """An output token's log-probability at the step it was committed (see engine/logit_processors.py),
+    """An output token's log-probability at the step it was committed (see engine/runner/logit_processors.py),
     and the ``len(top)`` most likely tokens of that distribution."""
 
     token_id: int

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import DREAM_ALGS, dream_alg_problem
-from engine.logit_processors import RowBias, TokenFilters, apply_logit_bias, filter_top_k_top_p
+from engine.runner.logit_processors import RowBias, TokenFilters, apply_logit_bias, filter_top_k_top_p
 
 _HASH_MULTIPLIER = 0x45D9F3B
 _UINT32 = 0xFFFFFFFF
