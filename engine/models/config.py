@@ -61,3 +61,16 @@ class TransformerConfig:
             raise ValueError(f"rotary_dim {self.rotary_dim} must be even and in (0, head_dim {self.head_dim}]")
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+
+
+def qwen_transformer_config(config: dict, **fields) -> TransformerConfig:
+    """The shape a config.json of Qwen2's or Qwen3's keys describes (Dream, SDAR), with ``fields`` on top."""
+    num_heads = config["num_attention_heads"]
+    return TransformerConfig(**{
+        "vocab_size": config["vocab_size"], "hidden_size": config["hidden_size"],
+        "num_layers": config["num_hidden_layers"], "num_heads": num_heads,
+        "num_kv_heads": config.get("num_key_value_heads") or num_heads,
+        "intermediate_size": config["intermediate_size"], "rope_theta": float(config.get("rope_theta", 10000.0)),
+        "rms_norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+        "max_position_embeddings": config.get("max_position_embeddings", 32768),
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)), **fields})

@@ -17,7 +17,7 @@ Where the mapping comes from (JetAstra/SDAR ``training/model/SDAR-*-Chat``):
 from __future__ import annotations
 
 from engine.models.checkpoint import QWEN_LAYER_NAMES, QWEN_TOP_NAMES, WeightNames
-from engine.models.config import TransformerConfig
+from engine.models.config import TransformerConfig, qwen_transformer_config
 from engine.models.family import CheckpointIds, Family
 from engine.models.layout import RowLayout
 
@@ -61,22 +61,7 @@ def check_supported(config: dict) -> None:
 
 def transformer_config(config: dict) -> TransformerConfig:
     check_supported(config)
-    num_heads = config["num_attention_heads"]
-    return TransformerConfig(
-        vocab_size=config["vocab_size"],
-        hidden_size=config["hidden_size"],
-        num_layers=config["num_hidden_layers"],
-        num_heads=num_heads,
-        num_kv_heads=config.get("num_key_value_heads") or num_heads,
-        intermediate_size=config["intermediate_size"],
-        rope_theta=float(config.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=config.get("max_position_embeddings", 32768),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        head_dim=config.get("head_dim") or 128,
-        qk_norm=True,
-        attention=ATTENTION,
-    )
+    return qwen_transformer_config(config, head_dim=config.get("head_dim") or 128, qk_norm=True, attention=ATTENTION)
 
 
 def config_json(config: TransformerConfig, ids: CheckpointIds, trained_block: int | None = None) -> dict:
