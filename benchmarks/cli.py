@@ -104,3 +104,23 @@ def run(experiments: dict[str, Experiment], prog: str, description: str, argv: l
         parser.error(f"{args.experiment} needs --out DIR (everything it writes goes there)")
     module, forwarded = translate(experiments, args.experiment, args.scale, args.device, args.out, rest)
     return importlib.import_module(module).main(forwarded)
+
+
+@dataclass(frozen=True)
+class Commands:
+    """One CLI of experiments (``python -m benchmarks``, ``python -m research``): its help, its
+    translation of the shared options, and its entry point."""
+
+    experiments: dict[str, Experiment]
+    template: str  # the module's docstring as written
+    prog: str
+
+    def describe(self) -> str:
+        return describe(self.template, self.experiments, self.prog)
+
+    def translate(self, experiment: str, scale: str | None, device: str | None, out: Path | None,
+                  rest: list[str]) -> tuple[str, list[str]]:
+        return translate(self.experiments, experiment, scale, device, out, rest)
+
+    def main(self, argv: list[str] | None = None):
+        return run(self.experiments, self.prog, self.describe(), argv)

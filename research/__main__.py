@@ -6,8 +6,6 @@ what each one is and where its figures are.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from benchmarks import cli
 from benchmarks.cli import OUT_DIR, SCALE_FLAG, Experiment, OutArg, ScaleArgs
 
@@ -38,22 +36,9 @@ EXPERIMENTS: dict[str, Experiment] = {
 }
 
 
-def describe() -> str:
-    """This module's help: its docstring with the experiments listed from their summaries."""
-    return cli.describe(TEMPLATE, EXPERIMENTS, PROG)
-
-
+COMMANDS = cli.Commands(EXPERIMENTS, TEMPLATE, PROG)
+describe, translate, main = COMMANDS.describe, COMMANDS.translate, COMMANDS.main
 __doc__ = describe()
-
-
-def translate(experiment: str, scale: str | None, device: str | None, out: Path | None,
-              rest: list[str]) -> tuple[str, list[str]]:
-    """The experiment's module and the arguments its own ``main`` takes."""
-    return cli.translate(EXPERIMENTS, experiment, scale, device, out, rest)
-
-
-def main(argv: list[str] | None = None):
-    return cli.run(EXPERIMENTS, PROG, __doc__, argv)
 
 
 if __name__ == "__main__":
