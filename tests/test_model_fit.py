@@ -36,6 +36,7 @@ def test_another_block_on_a_block_causal_model_runs_with_one_warning_naming_the_
     with caplog.at_level(logging.WARNING, logger="engine.scheduling.model_fit"):
         engine = BlockServeEngine(lm, EngineConfig(block_length=8))
         engine.generate([[5, 6, 7]], SamplingParams(max_new_tokens=8))
+        BlockServeEngine(lm, EngineConfig(block_length=8, max_batch_size=2))  # a second engine on that model
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert engine.config.block_length == 8
     assert len(warnings) == 1 and "trained with blocks of 4" in warnings[0], warnings

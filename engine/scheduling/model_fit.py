@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 
 from engine.config import EngineConfig
 
 logger = logging.getLogger(__name__)
+_WARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> blocks already warned of
 
 
 def config_for_model(config: EngineConfig, lm) -> EngineConfig:
@@ -14,15 +16,15 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
     model's layout cannot run.
 
     An unset ``block_length`` becomes the block a block-causal model was trained with, else
-    DEFAULT_BLOCK_LENGTH. A block-causal model told another block runs it, with one warning: its
-    attention mask then differs from the one it was trained with."""
+    DEFAULT_BLOCK_LENGTH. A block-causal model told another block runs it, with one warning per loaded
+    model and block: its attention mask then differs from the one it was trained with."""
     refusal = lm.layout.refusal(config)
     if refusal is not None:
         raise ValueError(refusal)
     trained = lm.layout.trained_block
     if config.block_length is None:
         return dataclasses.replace(config, block_length=lm.layout.default_block())
-    if trained is not None and config.block_length != trained:
+    if trained is not None and config.block_length != trained and _first_time(lm, config.block_length):
         logger.warning("EngineConfig.block_length=%d on %s, which was trained with blocks of %d: its "
                        "block-causal mask differs from training (leave block_length unset to run %d)",
                        config.block_length, lm.family, trained, trained)
@@ -32,3 +34,12 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
 def block_length_for(config: EngineConfig, lm) -> int:
     """The block ``config`` decodes ``lm`` with: its own, else the layout's default."""
     return config.block_length or lm.layout.default_block()
+
+
+def _first_time(lm, block_length: int) -> bool:
+    """Whether ``lm``'s model has not been warned of ``block_length`` yet (then it is, from now on)."""
+    warned = _WARNED.setdefault(lm.model, set())
+    if block_length in warned:
+        return False
+    warned.add(block_length)
+    return True
