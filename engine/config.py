@@ -86,6 +86,10 @@ class EngineConfig:
     shifted_decoding: str = "fast-dllm"
     max_model_len: int | None = None  # widest admissible row (prompt + canvas), sizes the KV cache;
     # None: the model's maximum length up to DEFAULT_MAX_MODEL_LEN, capped by the token budget
+    enable_prefix_caching: bool | None = None  # keep whole prompt blocks' keys/values for later requests
+    # that start with the same tokens (vLLM's name); None: on where it is exact (block-causal families)
+    prefix_cache_tokens: int | None = None  # tokens of keys/values the prefix cache holds (whole blocks);
+    # None: max_model_len's worth
 
     def __post_init__(self) -> None:
         if self.block_length is not None and (not isinstance(self.block_length, int) or self.block_length < 1):
@@ -125,6 +129,11 @@ class EngineConfig:
                       f"{self.block_length}: some steps would commit nothing")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
             _fail("max_model_len", f"must be a positive int or None, got {self.max_model_len!r}")
+        if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
+            _fail("enable_prefix_caching", f"must be True, False or None, got {self.enable_prefix_caching!r}")
+        if self.prefix_cache_tokens is not None and (isinstance(self.prefix_cache_tokens, bool) or not isinstance(
+                self.prefix_cache_tokens, int) or self.prefix_cache_tokens < 0):
+            _fail("prefix_cache_tokens", f"must be an int >= 0 or None, got {self.prefix_cache_tokens!r}")
         if self.decoding in QUOTA_RULES and self.steps_per_block is None:
             _fail("steps_per_block", f"{self.decoding} decoding needs a fixed number of steps per block")
         if (problem := dream_alg_problem(self.dream_alg)) is not None:

@@ -166,7 +166,7 @@ class BlockServeEngine:
         request.finish_time = time.time()
         token_ids = request.output_token_ids
         if request.status != RequestStatus.FINISHED_ERROR:
-            self.stats_collector.record_finished(len(token_ids))
+            self.stats_collector.record_finished(len(token_ids), request.prompt_length, request.cached_prefix)
         del self._requests[request.request_id]
         return RequestOutput(
             request_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids),
@@ -175,7 +175,8 @@ class BlockServeEngine:
             finish_reason=request.status.finish_reason, error=request.error,
             num_blocks=request.output_blocks, num_steps=request.num_steps,
             arrival_time=request.arrival_time, first_scheduled_time=request.first_scheduled_time,
-            finish_time=request.finish_time, logprobs=self._output_logprobs(request))
+            finish_time=request.finish_time, logprobs=self._output_logprobs(request),
+            num_cached_tokens=request.cached_prefix)
 
     @staticmethod
     def _output_logprobs(request: Request) -> list[TokenLogprob] | None:

@@ -15,8 +15,8 @@ writes the KV cache in place at a static address. Shapes are bucketed to bound t
   family's rows are right-aligned (``engine.runner.batch``), so a bucket extends the box to the left, over
   columns that are padding for every row of the box; a prefix window longer than one block rounds up too;
 * a block-causal family's rows (SDAR, LLaDA2) are left-aligned, so a bucket extends the box to the right:
-  a window's context ``[0, furthest active block's end)`` grows over masked keys (its length stays one
-  block, or a finished block and the next); a refresh part's extra columns write keys rewritten before use.
+  a window's context ``[0, furthest active block's end)`` grows over masked keys (a window longer than two
+  blocks, a cached prompt's rest, rounds up); a refresh part's extra columns write keys rewritten before use.
 
 A step with both parts runs them as two forwards (refresh first: it writes the cache the window does
 not read). Tokens do not change with padding: a padded row or column only ever meets masked keys.
@@ -64,7 +64,7 @@ def max_graphs(max_rows: int, width: int) -> int:
     rows = len({bucket(n, max_rows) for n in range(1, max_rows + 1)})
     widths = len({bucket(w, width, WIDTH_BUCKETS) for w in range(1, width + 1)}
                  | {bucket(w, 1 << 30, WIDTH_BUCKETS) for w in range(1, width + 1)})
-    window_lengths = widths + 1  # the block (a dual window, a row's last block) or a bucketed width
+    window_lengths = widths + 2  # one block (a dual window), two (block-causal) or a bucketed width
     return rows * (widths + widths * window_lengths)
 
 
@@ -216,12 +216,12 @@ class CompiledForward:
         return padded_rows, padded_length, grow
 
     def _window_shape(self, part: WindowPart, kv_cache: KVCache) -> tuple[int, int, int]:
-        """Bucketed rows, length and context of a window part: a window of one block (a dual
-        window, or a prefix window in each row's last block) keeps its length."""
+        """Bucketed rows, length and context of a window part: a window of one block keeps its length."""
         rows, length = part.tokens.shape
         padded_rows = bucket(rows, kv_cache.data.shape[1])
-        if part.block_causal:  # a block, or a finished block and the next: two lengths
-            return padded_rows, length, bucket(part.context_end, kv_cache.width, WIDTH_BUCKETS)
+        if part.block_causal:
+            padded_length = length if length <= 2 * part.block_size else bucket(length, 1 << 30, WIDTH_BUCKETS)
+            return padded_rows, padded_length, bucket(part.context_end, kv_cache.width, WIDTH_BUCKETS)
         padded_length = length if length <= part.num_read + 1 else bucket(length, 1 << 30, WIDTH_BUCKETS)
         context = bucket(kv_cache.width - part.context_start, kv_cache.width, WIDTH_BUCKETS)
         return padded_rows, padded_length, context

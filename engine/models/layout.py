@@ -81,6 +81,10 @@ class RowLayout:
         if config.cache not in self.caches:
             return (f"EngineConfig.cache: {config.cache!r} is a cache mode of full-attention families; "
                     f"{self.family} attends block-causally and caches each finished block: leave cache at 'dual'")
+        if config.enable_prefix_caching and not self.stores_finished_blocks:
+            return (f"EngineConfig.enable_prefix_caching: {self.family} attends over the whole row, so a prompt "
+                    "block's keys and values depend on the canvas after it and cannot be reused by another "
+                    "request; prefix caching is exact for block-causal families only")
         if config.decoding in self.refused_rules:
             return (f"EngineConfig.decoding: {config.decoding!r} is Dream's sampler over a whole canvas; "
                     f"{self.family} decodes block by block: use low_confidence_dynamic, low_confidence, "

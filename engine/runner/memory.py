@@ -51,9 +51,15 @@ def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     columns = slots * (width + 1)
     kv_bytes = KVCache.bytes_per_slot_column(model_config, dtype) * columns if config.cache != "none" else columns
     element = torch.empty((), dtype=dtype).element_size()
+    block_length = block_length_for(config, lm)
+    caches_prefixes = lm.layout.stores_finished_blocks if config.enable_prefix_caching is None \
+        else config.enable_prefix_caching
+    if caches_prefixes and config.cache != "none":  # the prefix cache's pool of whole blocks
+        pool_tokens = config.prefix_cache_tokens if config.prefix_cache_tokens is not None else width
+        key_value_bytes = KVCache.bytes_per_slot_column(model_config, dtype) - 1  # no key-mask flag in the pool
+        kv_bytes += key_value_bytes * (pool_tokens // block_length * block_length)
     arena_bytes = kv_bytes + 2 * INDEX_BYTES * slots * width
     hidden, intermediate = model_config.hidden_size, model_config.intermediate_size
-    block_length = block_length_for(config, lm)
     per_token = 6 * hidden + 3 * intermediate + model_config.num_heads * width
     if lm.layout.block_causal:  # one mask row of every query: [rows, 1, queries, keys]
         per_token += width

@@ -17,6 +17,7 @@ from engine.runner.batch import PersistentBatch
 from engine.runner.batch_inputs import StepBatch, prepare_inputs, step_parts
 from engine.runner.decoding import Sampling, decode_rule, gumbel_noise, propose_tokens, select_commits
 from engine.runner.logit_processors import token_logprobs
+from engine.runner.prefix_cache import PrefixCache, prefix_cache_blocks
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
 
@@ -28,6 +29,9 @@ class ModelRunner:
         self.batch = PersistentBatch(lm, config.max_batch_size, max_row_width, config.block_length, config.cache,
                                      window_lookback=window_lookback(config, lm.logit_shift))
         self.parts = step_parts(lm.layout)
+        self.prefix_cache = (PrefixCache(self.batch.kv_cache, prefix_cache_blocks(config, max_row_width),
+                                         config.block_length)
+                             if config.enable_prefix_caching and self.batch.kv_cache is not None else None)
         self._stop_ids = torch.tensor(lm.special_ids.stop_ids, device=lm.device)
 
     @torch.no_grad()
@@ -35,6 +39,8 @@ class ModelRunner:
         """Apply ``scheduled`` to the persistent batch and run its rows for one denoising step."""
         for request in scheduled.admitted:
             self.batch.place(request)
+            if self.prefix_cache is not None:
+                self.prefix_cache.reuse(request)
         if not scheduled.num_rows:
             return RunnerOutput(rows={}, model_time_s=0.0)
         whole, window = self.parts.assign(self.batch, scheduled)
@@ -42,6 +48,8 @@ class ModelRunner:
         inputs = prepare_inputs(self.batch, self.parts, whole, window)
         started = time.perf_counter()
         rows = self._run(inputs)
+        if self.prefix_cache is not None:
+            self.prefix_cache.keep(scheduled.admitted)
         return RunnerOutput(rows=rows, model_time_s=time.perf_counter() - started, record=inputs.record)
 
     def release(self, finished: list[Request]) -> None:

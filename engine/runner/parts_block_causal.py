@@ -21,10 +21,11 @@ from engine.scheduling.request import Request
 class BlockCausalParts:
     def assign(self, batch: PersistentBatch, scheduled: SchedulerOutput) -> tuple[list[Request], list[Request]]:
         """(whole rows, window rows) of a step: admitted rows prefill; a row starting a block continues in
-        the window, storing the block it finished."""
-        admitted = {id(request) for request in scheduled.admitted}
-        window = [*scheduled.window, *(r for r in scheduled.refresh if id(r) not in admitted)]
-        return [r for r in scheduled.refresh if id(r) in admitted], window
+        the window, storing the block it finished; an admitted row whose prompt starts with cached blocks
+        computes the rest of its prompt in the window too."""
+        prefills = {id(request) for request in scheduled.admitted if not request.cached_prefix}
+        window = [*scheduled.window, *(r for r in scheduled.refresh if id(r) not in prefills)]
+        return [r for r in scheduled.refresh if id(r) in prefills], window
 
     def whole_rows(self, batch: PersistentBatch, rows: Sequence[Request], slots: torch.Tensor,
                    block_starts: torch.Tensor) -> RefreshPart:
@@ -38,11 +39,12 @@ class BlockCausalParts:
 
     def window_rows(self, batch: PersistentBatch, rows: Sequence[Request], slots: torch.Tensor,
                     block_starts: torch.Tensor) -> WindowPart:
-        """The active block, preceded by the block just finished when the row starts a new one (stored from
-        its final tokens). Windows are ragged and left-aligned; a shorter window's tail points at the
-        scratch column."""
+        """The active block, preceded by the columns whose keys/values the row writes now: the block just
+        finished when it starts a new one (stored from its final tokens), or for a row admitted on a cached
+        prefix the rest of its prompt. Windows are ragged and left-aligned; a shorter window's tail points
+        at the scratch column."""
         block_length, width = batch.block_length, batch.width
-        stored = [block_length if r.between_blocks else 0 for r in rows]
+        stored = [_unwritten_columns(batch, r) for r in rows]
         (stored_columns,) = to_device(batch.tokens, stored)
         length = block_length + max(stored)
         offsets = torch.arange(length, device=slots.device)
@@ -62,3 +64,11 @@ class BlockCausalParts:
     def real_columns(self, batch: PersistentBatch, request: Request) -> int:
         """A row's real columns in the step's box: up to its active block's end (the box stops there)."""
         return batch.block_start(request) + batch.block_length
+
+
+def _unwritten_columns(batch: PersistentBatch, request: Request) -> int:
+    """Columns before the row's active block whose keys/values its window writes this step."""
+    if request.between_blocks:
+        return batch.block_length
+    starting = request.block_index == 0 and request.step_in_block == 0
+    return batch.block_start(request) - request.cached_prefix if starting and request.cached_prefix else 0

@@ -16,12 +16,15 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
     model's layout cannot run.
 
     An unset ``block_length`` becomes the block a block-causal model was trained with, else
-    DEFAULT_BLOCK_LENGTH. A block-causal model told another block runs it, with one warning per loaded
+    DEFAULT_BLOCK_LENGTH; an unset ``enable_prefix_caching`` is on where it is exact (block-causal
+    layouts). A block-causal model told another block runs it, with one warning per loaded
     model and block: its attention mask then differs from the one it was trained with."""
     refusal = lm.layout.refusal(config)
     if refusal is not None:
         raise ValueError(refusal)
     trained = lm.layout.trained_block
+    if config.enable_prefix_caching is None:
+        config = dataclasses.replace(config, enable_prefix_caching=lm.layout.stores_finished_blocks)
     if config.block_length is None:
         return dataclasses.replace(config, block_length=lm.layout.default_block())
     if trained is not None and config.block_length != trained and _first_time(lm, config.block_length):

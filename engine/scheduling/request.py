@@ -55,6 +55,7 @@ class RequestOutput:
     first_scheduled_time: float | None
     finish_time: float
     logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when params.logprobs is set
+    num_cached_tokens: int = 0  # prompt tokens whose keys/values came from the prefix cache
 
     @property
     def queue_s(self) -> float:
@@ -95,6 +96,7 @@ class Request:
     between_blocks: bool = False  # its last block has no mask left and the next one has not started
     step_in_block: int = 0  # denoising steps taken in the current block (block_index's)
     slot: int | None = None  # its row in the runner's persistent batch while it runs
+    cached_prefix: int = 0  # prompt columns from 0 whose keys/values came from the prefix cache
     output_token_ids: list[int] = field(default_factory=list)  # its own output so far, up to a stop token
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # theirs, if asked for
     num_steps: int = 0

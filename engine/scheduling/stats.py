@@ -13,6 +13,8 @@ TRACE_LIMIT = 200_000  # forwards kept for benchmarks (a long-running server kee
 @dataclass
 class EngineStats:
     generated_tokens: int = 0  # tokens in finished outputs (trimmed at EOS)
+    prompt_tokens: int = 0  # prompt tokens of finished requests
+    cached_prompt_tokens: int = 0  # of them, read from the prefix cache instead of computed
     finished_requests: int = 0
     elapsed_s: float = 0.0  # wall time inside step()
     model_time_s: float = 0.0  # wall time inside the runner (forward + decoding rule)
@@ -33,12 +35,17 @@ class EngineStats:
         return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Prompt tokens read from the prefix cache over all prompt tokens of finished requests."""
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
     def scheduler_overhead_fraction(self) -> float:
         return (self.elapsed_s - self.model_time_s) / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self) | {
-            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s": self.tokens_per_s, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
             "scheduler_overhead_fraction": self.scheduler_overhead_fraction}
 
 
@@ -79,8 +86,10 @@ class StatsCollector:
         self._box_tokens += box
         self._pad_tokens += box - record.real_tokens
 
-    def record_finished(self, num_tokens: int) -> None:
+    def record_finished(self, num_tokens: int, prompt_tokens: int = 0, cached_tokens: int = 0) -> None:
         self.totals.generated_tokens += num_tokens
+        self.totals.prompt_tokens += prompt_tokens
+        self.totals.cached_prompt_tokens += cached_tokens
         self.totals.finished_requests += 1
 
     def add_elapsed(self, seconds: float) -> None:

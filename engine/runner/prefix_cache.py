@@ -1,0 +1,67 @@
+"""The prefix cache's keys and values: a pool of whole prompt blocks that later rows copy instead of
+computing (block-causal layouts only, where a prompt block's keys and values depend on nothing after it).
+
+A row placed in the batch copies the pool entries of its longest cached run of whole prompt blocks into
+its slot and marks them as its ``cached_prefix``: its first step then computes only the rest of its prompt
+and its first block. A block whose copy is made is no longer needed by the row, so eviction never takes a
+block from under a reader. After a row's first step its whole prompt blocks are in its slot, final, and
+the ones the pool lacks are copied in. The prompt's last, partial block holds answer columns too: it is
+never cached.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.config import EngineConfig
+from engine.models.kv_cache import KVCache
+from engine.scheduling.prefix_index import PrefixIndex
+from engine.scheduling.request import Request
+
+
+def prefix_cache_blocks(config: EngineConfig, max_row_width: int) -> int:
+    """Whole blocks the pool holds: ``prefix_cache_tokens`` of them, else one widest row's worth."""
+    tokens = config.prefix_cache_tokens if config.prefix_cache_tokens is not None else max_row_width
+    return tokens // config.block_length
+
+
+class PrefixCache:
+    def __init__(self, kv_cache: KVCache, num_blocks: int, block_length: int):
+        layers, _, pair, heads, _, head_dim = kv_cache.data.shape
+        self.kv_cache, self.block_length = kv_cache, block_length
+        self.pool = torch.zeros((layers, num_blocks, pair, heads, block_length, head_dim),
+                                dtype=kv_cache.data.dtype, device=kv_cache.data.device)
+        self.index = PrefixIndex(num_blocks, block_length)
+
+    @property
+    def num_bytes(self) -> int:
+        return self.pool.numel() * self.pool.element_size()
+
+    def reuse(self, request: Request) -> None:
+        """Copy the cached run of ``request``'s whole prompt blocks into its slot (columns from 0)."""
+        blocks = self.index.match(request.prompt_token_ids, self._whole_prompt_blocks(request))
+        if not blocks:
+            return
+        entries = torch.tensor([block.entry for block in blocks], device=self.pool.device)
+        width = len(blocks) * self.block_length
+        run = self.pool[:, entries]  # [layers, blocks, 2, heads, block, head_dim]
+        self.kv_cache.data[:, request.slot, :, :, :width] = run.permute(0, 2, 3, 1, 4, 5).flatten(3, 4)
+        request.cached_prefix = width
+
+    def keep(self, requests: Sequence[Request]) -> None:
+        """Cache the whole prompt blocks of rows whose first step has just run."""
+        for request in requests:
+            added = self.index.insert(request.prompt_token_ids, self._whole_prompt_blocks(request))
+            if not added:
+                continue
+            entries = torch.tensor([block.entry for block in added], device=self.pool.device)
+            columns = torch.cat([torch.arange(block.depth * self.block_length, (block.depth + 1) * self.block_length)
+                                 for block in added]).to(self.pool.device)
+            run = self.kv_cache.data[:, request.slot][:, :, :, columns]  # [layers, 2, heads, blocks * block, hd]
+            shape = (run.shape[0], run.shape[1], run.shape[2], len(added), self.block_length, run.shape[-1])
+            self.pool[:, entries] = run.reshape(shape).permute(0, 3, 1, 2, 4, 5)
+
+    def _whole_prompt_blocks(self, request: Request) -> int:
+        """Blocks of the prompt that hold no answer column (the one holding the lead is not one)."""
+        return request.canvas_start // self.block_length

@@ -1,0 +1,94 @@
+"""Which whole prompt blocks the prefix cache holds: a hash chain of block-sized token runs.
+
+A block-causal model's keys and values of a prompt block depend only on the tokens up to the end of that
+block. So every request whose prompt starts with the same blocks can read the same keys and values. A
+:class:`CachedBlock` names one such block by its parent and its own tokens, and owns one entry of the
+runner's pool (``engine.runner.prefix_cache``). The pool has a fixed number of entries; when it is
+full, the least recently used block that no other block extends is evicted. This module is host data
+only: it imports no torch.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class CachedBlock:
+    parent: CachedBlock | None
+    tokens: tuple[int, ...]
+    entry: int  # its entry in the pool
+    depth: int  # its block number from the prompt's start
+    children: int = 0
+    number: int = field(default_factory=itertools.count().__next__)  # identity in the chain's keys
+
+
+class PrefixIndex:
+    def __init__(self, capacity: int, block_length: int):
+        self.capacity, self.block_length = capacity, block_length
+        self._blocks: dict[tuple[int, tuple[int, ...]], CachedBlock] = {}  # (parent number, tokens) -> block
+        self._recent: OrderedDict[CachedBlock, None] = OrderedDict()  # least recently used first
+        self._free = list(range(capacity - 1, -1, -1))
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def match(self, tokens: Sequence[int], max_blocks: int) -> list[CachedBlock]:
+        """The cached blocks that ``tokens`` start with, at most ``max_blocks``; each counts as used now."""
+        found: list[CachedBlock] = []
+        parent = None
+        for depth in range(max_blocks):
+            block = self._blocks.get((self._key(parent), self._run(tokens, depth)))
+            if block is None:
+                break
+            self._recent.move_to_end(block)
+            found.append(block)
+            parent = block
+        return found
+
+    def insert(self, tokens: Sequence[int], num_blocks: int) -> list[CachedBlock]:
+        """Cache ``tokens``' first ``num_blocks`` whole blocks; returns the blocks added, whose pool entries
+        the caller fills. It stops early when every entry holds a block of this chain."""
+        added: list[CachedBlock] = []
+        chain: set[CachedBlock] = set()
+        parent = None
+        for depth in range(num_blocks):
+            run = self._run(tokens, depth)
+            block = self._blocks.get((self._key(parent), run))
+            if block is None:
+                entry = self._take_entry(chain)
+                if entry is None:
+                    break
+                block = CachedBlock(parent, run, entry, depth)
+                self._blocks[(self._key(parent), run)] = block
+                if parent is not None:
+                    parent.children += 1
+                added.append(block)
+            self._recent[block] = None
+            self._recent.move_to_end(block)
+            chain.add(block)
+            parent = block
+        return added
+
+    def _take_entry(self, keep: set[CachedBlock]) -> int | None:
+        if self._free:
+            return self._free.pop()
+        victim = next((block for block in self._recent if block.children == 0 and block not in keep), None)
+        if victim is None:
+            return None
+        del self._recent[victim]
+        del self._blocks[(self._key(victim.parent), victim.tokens)]
+        if victim.parent is not None:
+            victim.parent.children -= 1
+        self.evictions += 1
+        return victim.entry
+
+    def _run(self, tokens: Sequence[int], depth: int) -> tuple[int, ...]:
+        return tuple(tokens[depth * self.block_length:(depth + 1) * self.block_length])
+
+    @staticmethod
+    def _key(parent: CachedBlock | None) -> int:
+        return -1 if parent is None else parent.number
