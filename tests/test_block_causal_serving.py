@@ -73,3 +73,10 @@ def test_a_chat_request_runs_through_the_checkpoints_chat_template(server):
     answer = asyncio.run(server.chat(request))
     assert answer.choices[0].finish_reason in ("stop", "length")
     assert answer.usage.prompt_tokens > len("hi")  # the template's role markers were added
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens_in_usage(server):
+    completion(server, max_tokens=4)  # the first time, its whole blocks (16 of 19 tokens) enter the cache
+    again = completion(server, max_tokens=4)
+    assert again.usage.prompt_tokens_details.cached_tokens == 16
+    assert again.usage.prompt_tokens == 19

@@ -18,7 +18,9 @@ deployment.
 Metrics (as Ray exports them):
 ``ray_blockserve_queue_depth``, ``ray_blockserve_running_rows``, ``ray_blockserve_bounding_box_tokens``,
 ``ray_blockserve_effective_compute_ratio``, ``ray_blockserve_tokens_per_second``,
-``ray_blockserve_engine_loop_healthy`` (gauges); ``ray_blockserve_generated_tokens_total``,
+``ray_blockserve_engine_loop_healthy``, ``ray_blockserve_prefix_cache_hit_rate`` (gauges);
+``ray_blockserve_generated_tokens_total``, ``ray_blockserve_prompt_tokens_total``,
+``ray_blockserve_cached_prompt_tokens_total``,
 ``ray_blockserve_steps_total``, ``ray_blockserve_requests_total{finish_reason}``,
 ``ray_blockserve_requests_rejected_total`` (429s) (counters); ``ray_blockserve_request_latency_seconds``,
 ``ray_blockserve_time_to_first_block_seconds``, ``ray_blockserve_queue_seconds`` (histograms).
@@ -83,6 +85,11 @@ class ServeMetrics:
                                  "Generated tokens per second of engine time since start")
         self.loop_healthy = make("Gauge", "blockserve_engine_loop_healthy", "1 while the engine loop serves")
         self.generated_tokens = make("Counter", "blockserve_generated_tokens", "Tokens in finished outputs")
+        self.prompt_tokens = make("Counter", "blockserve_prompt_tokens", "Prompt tokens of finished requests")
+        self.cached_prompt_tokens = make("Counter", "blockserve_cached_prompt_tokens",
+                                         "Prompt tokens read from the prefix cache instead of computed")
+        self.prefix_cache_hit_rate = make("Gauge", "blockserve_prefix_cache_hit_rate",
+                                          "Cached over all prompt tokens of the requests finished so far")
         self.steps = make("Counter", "blockserve_steps", "Denoising steps run (one forward each)")
         self.requests = make("Counter", "blockserve_requests", "Requests finished by the engine, by reason",
                              ("finish_reason",))
@@ -102,10 +109,14 @@ class ServeMetrics:
             self.bounding_box_tokens.set(summary.step.bounding_box_tokens)
         self.effective_compute_ratio.set(summary.stats.effective_compute_ratio)
         self.tokens_per_s.set(summary.stats.tokens_per_s)
+        self.prefix_cache_hit_rate.set(summary.stats.prefix_cache_hit_rate)
         for stream, output in summary.finished:
             self.requests.inc(tags={"finish_reason": output.finish_reason})
-            if output.token_ids:  # Ray's Counter refuses an increment of 0 (an answer that is just EOS)
-                self.generated_tokens.inc(len(output.token_ids))
+            for counter, count in ((self.generated_tokens, len(output.token_ids)),
+                                   (self.prompt_tokens, len(output.prompt_token_ids)),
+                                   (self.cached_prompt_tokens, output.num_cached_tokens)):
+                if count:  # Ray's Counter refuses an increment of 0 (an answer that is just EOS)
+                    counter.inc(count)
             self.latency.observe(_seconds(stream.arrival_time, output.finish_time))
             if stream.first_scheduled_time is not None:
                 self.queue_time.observe(_seconds(stream.arrival_time, stream.first_scheduled_time))

@@ -21,6 +21,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 from openai.types.chat.chat_completion import Choice as ChatChoice, ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice, ChoiceDelta
 from openai.types.completion_choice import Logprobs
+from openai.types.completion_usage import PromptTokensDetails
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_STOP_STRINGS = 4  # OpenAI's own limit
@@ -207,9 +208,11 @@ class ModelList(BaseModel):
     data: list[Model]
 
 
-def token_usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
+def token_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> CompletionUsage:
+    """OpenAI's usage; ``cached_tokens``: prompt tokens read from the prefix cache (None: not known)."""
+    details = PromptTokensDetails(cached_tokens=cached_tokens) if cached_tokens is not None else None
     return CompletionUsage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                           total_tokens=prompt_tokens + completion_tokens)
+                           total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details)
 
 
 def completion(request_id: str, model: str, text: str | None, finish: FinishReason | None, *,

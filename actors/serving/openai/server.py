@@ -212,7 +212,8 @@ class OpenAIServer:
         job.text.flush()
         build = chat_completion if job.chat else completion
         return build(job.stream.request_id, self.model_name, job.text.text, finish,
-                     usage=self._usage(job), info=self._info(job, output), logprobs=self._logprobs(job, output))
+                     usage=self._usage(job, output), info=self._info(job, output),
+                     logprobs=self._logprobs(job, output))
 
     def _logprobs(self, job: Job, output: RequestOutput | None):
         if not job.logprobs or output is None or output.logprobs is None:
@@ -221,9 +222,10 @@ class OpenAIServer:
         return (chat_logprobs if job.chat else completion_logprobs)(self.lm.tokenizer, entries)
 
     async def _stream_events(self, job: Job) -> AsyncIterator[str]:
-        finish, first = None, True
+        finish, first, output = None, True, None
         try:
             async for event in job.stream:
+                output = event.output or output
                 delta = job.text.add(event.token_ids)
                 if job.text.stopped:
                     finish = "stop"
@@ -236,7 +238,7 @@ class OpenAIServer:
                 if finish:
                     break
             if job.include_usage:
-                yield _sse(self._chunk(job, None, None, None, role=False, usage=self._usage(job)))
+                yield _sse(self._chunk(job, None, None, None, role=False, usage=self._usage(job, output)))
         except OpenAIError as error:  # the request failed after the stream had started
             yield _sse(error.body())
         except EngineDeadError as error:
@@ -268,8 +270,9 @@ class OpenAIServer:
         return FINISH_REASONS[output.finish_reason]
 
     @staticmethod
-    def _usage(job: Job) -> CompletionUsage:
-        return token_usage(job.prompt_tokens, job.text.counted_tokens)
+    def _usage(job: Job, output: RequestOutput | None) -> CompletionUsage:
+        cached = output.num_cached_tokens if output is not None else None
+        return token_usage(job.prompt_tokens, job.text.counted_tokens, cached)
 
     @staticmethod
     def _info(job: Job, output: RequestOutput | None) -> BlockServeInfo:
