@@ -29,6 +29,8 @@ def _weighted(snapshots: list[dict], key: str, weight: str) -> float:
 def summarize(snapshots: list[dict], wall_s: float | None = None) -> dict:
     """One row of numbers for a group of actor-instance snapshots (an actor, or all of them)."""
     generated = sum(s["engine"]["generated_tokens"] for s in snapshots)
+    prompt = sum(s["engine"].get("prompt_tokens", 0) for s in snapshots)
+    cached = sum(s["engine"].get("cached_prompt_tokens", 0) for s in snapshots)
     busy = sum(s["busy_s"] for s in snapshots)
     active = sum(s["active_s"] for s in snapshots) if wall_s is None else wall_s
     utilizations = [s["gpu_utilization"] for s in snapshots if s["gpu_utilization"] is not None]
@@ -37,6 +39,9 @@ def summarize(snapshots: list[dict], wall_s: float | None = None) -> dict:
         "error_rows": sum(s["error_rows"] for s in snapshots),
         "batches": sum(s["batches"] for s in snapshots),
         "generated_tokens": generated,
+        "prompt_tokens": prompt,
+        "cached_prompt_tokens": cached,
+        "prefix_cache_hit_rate": cached / prompt if prompt else 0.0,
         "tokens_per_s": generated / active if active else 0.0,
         "busy_s": busy,
         "active_s": active,
@@ -176,6 +181,9 @@ def format_table(stats: dict) -> str:
         out.append(f"  node {node['node_id'][:8]}: {node['actors']} actor(s), {node['rows']} rows, "
                    f"{node['generated_tokens']} tokens ({node['tokens_per_s']:.1f} tok/s of wall), "
                    f"busy {node['busy_s']:.1f}s ({_pct(node['busy_fraction'])} of its actors' time)")
+    if totals["cached_prompt_tokens"]:
+        out.append(f"prefix cache: {totals['cached_prompt_tokens']} of {totals['prompt_tokens']} prompt tokens "
+                   f"read from it ({_pct(totals['prefix_cache_hit_rate'])})")
     out += describe_deaths(stats.get("actor_deaths", []))
     out += describe_compilation(stats["per_actor"])
     for bin_ in stats["latency_by_output_length"]:
