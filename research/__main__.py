@@ -22,6 +22,8 @@ EXPERIMENTS: dict[str, Experiment] = {
                                 ScaleArgs(("--layers", "2", "--requests", "4", "--rounds", "1"), ("--rounds", "1"),
                                           ("--mixed",)), None, False,
                                 "eager vs compiled steps on a 32-layer tiny-dimension LLaDA"),
+    "prefix-cache": Experiment("research.prefix_cache", SCALE_FLAG, OUT_DIR, False,
+                               "prefix caching on vs off: a shared instruction and a chat replay, SDAR and LLaDA2"),
     "aging": Experiment("research.aging", ScaleArgs(("--steps", "24"), ("--steps", "120")),
                         OutArg("--json", "aging.json"), False, "what max_wait_s costs on a steady stream"),
     "batch-invariant": Experiment("research.batch_invariant", SCALE_FLAG, OUT_DIR, False,
