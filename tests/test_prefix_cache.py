@@ -80,15 +80,6 @@ def test_a_small_cache_evicts_least_recently_used_blocks_and_answers_stay_identi
     assert engine.stats().cached_prompt_tokens > 0
 
 
-def test_a_conversations_next_turn_reads_its_earlier_prompt_from_the_cache(lm):
-    first = shared_instruction(lm, 1, instruction=50)[0]
-    engine, (answer,) = run(lm, [first], caching=True, max_batch_size=1)
-    follow_up = first + answer.token_ids + ordinary_tokens(lm)[:5]
-    second = engine.generate([follow_up], SamplingParams(max_new_tokens=20, stop_at_eos=False))[0]
-    assert second.num_cached_tokens == len(first) // engine.config.block_length * engine.config.block_length
-    assert engine.stats().prefix_cache_hit_rate > 0
-
-
 def test_block_causal_families_cache_by_default_and_full_attention_ones_refuse_it_by_name(lm):
     assert BlockServeEngine(lm, EngineConfig()).config.enable_prefix_caching is True
     tiny = load_model("tiny")
@@ -106,3 +97,15 @@ def test_answers_are_identical_with_the_cache_on_and_off_in_bf16_and_compiled(op
     engine, with_cache = run(lm, prompts, caching=True, max_batch_size=16)
     assert [o.token_ids for o in with_cache] == [o.token_ids for o in without]
     assert engine.stats().cached_prompt_tokens > 0
+
+
+def test_a_conversations_next_turn_reads_the_earlier_answer_from_the_cache_too(lm):
+    first = shared_instruction(lm, 1, instruction=50)[0]
+    engine, (answer,) = run(lm, [first], caching=True, max_batch_size=1)
+    follow_up = first + answer.token_ids + ordinary_tokens(lm)[:5]
+    second = engine.generate([follow_up], SamplingParams(max_new_tokens=20, stop_at_eos=False))[0]
+    block = engine.config.block_length
+    assert second.num_cached_tokens == (len(first) + len(answer.token_ids)) // block * block
+    _, (alone,) = run(lm, [follow_up], caching=False, max_batch_size=1)
+    assert second.token_ids == alone.token_ids
+    assert engine.stats().prefix_cache_hit_rate > 0

@@ -49,7 +49,7 @@ class ModelRunner:
         started = time.perf_counter()
         rows = self._run(inputs)
         if self.prefix_cache is not None:
-            self.prefix_cache.keep(scheduled.admitted)
+            self.prefix_cache.keep(scheduled.admitted, [request for request in window if request.between_blocks])
         return RunnerOutput(rows=rows, model_time_s=time.perf_counter() - started, record=inputs.record)
 
     def release(self, finished: list[Request]) -> None:

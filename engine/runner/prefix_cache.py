@@ -5,8 +5,9 @@ A row placed in the batch copies the pool entries of its longest cached run of w
 its slot and marks them as its ``cached_prefix``: its first step then computes only the rest of its prompt
 and its first block. A block whose copy is made is no longer needed by the row, so eviction never takes a
 block from under a reader. After a row's first step its whole prompt blocks are in its slot, final, and
-the ones the pool lacks are copied in. The prompt's last, partial block holds answer columns too: it is
-never cached.
+the ones the pool lacks are copied in; so is each answer block once the row stores it, under the prompt
+and answer tokens before it, so that a conversation's next turn finds its history. The prompt's last,
+partial block holds answer columns too: it is cached only as an answer block, with its answer tokens.
 """
 from __future__ import annotations
 
@@ -49,12 +50,20 @@ class PrefixCache:
         self.kv_cache.data[:, request.slot, :, :, :width] = run.permute(0, 2, 3, 1, 4, 5).flatten(3, 4)
         request.cached_prefix = width
 
-    def keep(self, requests: Sequence[Request]) -> None:
-        """Cache the whole prompt blocks of rows whose first step has just run."""
-        for request in requests:
-            added = self.index.insert(request.prompt_token_ids, self._whole_prompt_blocks(request))
-            if not added:
-                continue
+    def keep(self, admitted: Sequence[Request], stored: Sequence[Request]) -> None:
+        """Cache the whole prompt blocks of rows whose first step has just run, and every finished block of
+        rows that have just stored one (a conversation's next turn then finds its answers too)."""
+        for request in admitted:
+            self._insert(request, request.prompt_token_ids, self._whole_prompt_blocks(request))
+        for request in stored:
+            blocks = self._whole_prompt_blocks(request) + request.block_index
+            tokens = request.prompt_token_ids + request.output_token_ids
+            if len(tokens) >= blocks * self.block_length:  # else a stop token or the cap cut its output
+                self._insert(request, tokens, blocks)
+
+    def _insert(self, request: Request, tokens: Sequence[int], num_blocks: int) -> None:
+        added, request.cache_tail = self.index.insert(tokens, num_blocks, request.cache_tail)
+        if added:
             entries = torch.tensor([block.entry for block in added], device=self.pool.device)
             columns = torch.cat([torch.arange(block.depth * self.block_length, (block.depth + 1) * self.block_length)
                                  for block in added]).to(self.pool.device)

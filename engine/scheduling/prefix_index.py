@@ -49,13 +49,17 @@ class PrefixIndex:
             parent = block
         return found
 
-    def insert(self, tokens: Sequence[int], num_blocks: int) -> list[CachedBlock]:
+    def insert(self, tokens: Sequence[int], num_blocks: int,
+               tail: CachedBlock | None = None) -> tuple[list[CachedBlock], CachedBlock | None]:
         """Cache ``tokens``' first ``num_blocks`` whole blocks; returns the blocks added, whose pool entries
-        the caller fills. It stops early when every entry holds a block of this chain."""
+        the caller fills, and the chain's last block. ``tail``: that last block from an earlier insert of
+        the same tokens, to go on from (while it is cached). It stops early when every entry holds a block
+        of this chain."""
         added: list[CachedBlock] = []
-        chain: set[CachedBlock] = set()
-        parent = None
-        for depth in range(num_blocks):
+        start = tail.depth + 1 if tail is not None and tail in self._recent else 0
+        parent = tail if start else None
+        chain: set[CachedBlock] = {parent} if parent is not None else set()
+        for depth in range(start, num_blocks):
             run = self._run(tokens, depth)
             block = self._blocks.get((self._key(parent), run))
             if block is None:
@@ -71,7 +75,7 @@ class PrefixIndex:
             self._recent.move_to_end(block)
             chain.add(block)
             parent = block
-        return added
+        return added, parent
 
     def _take_entry(self, keep: set[CachedBlock]) -> int | None:
         if self._free:

@@ -97,6 +97,7 @@ class Request:
     step_in_block: int = 0  # denoising steps taken in the current block (block_index's)
     slot: int | None = None  # its row in the runner's persistent batch while it runs
     cached_prefix: int = 0  # prompt columns from 0 whose keys/values came from the prefix cache
+    cache_tail: object = None  # the prefix cache's last block of its row (engine.scheduling.prefix_index)
     output_token_ids: list[int] = field(default_factory=list)  # its own output so far, up to a stop token
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # theirs, if asked for
     num_steps: int = 0
