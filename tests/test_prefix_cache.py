@@ -109,3 +109,21 @@ def test_a_conversations_next_turn_reads_the_earlier_answer_from_the_cache_too(l
     _, (alone,) = run(lm, [follow_up], caching=False, max_batch_size=1)
     assert second.token_ids == alone.token_ids
     assert engine.stats().prefix_cache_hit_rate > 0
+
+
+def test_the_index_never_exceeds_its_entries_orphans_a_block_or_shares_an_entry():
+    from engine.scheduling.prefix_index import PrefixIndex
+
+    rng = random.Random(0)
+    index = PrefixIndex(capacity=20, block_length=4)
+    heads = [[rng.randrange(50) for _ in range(16)] for _ in range(10)]
+    for _ in range(500):
+        tokens = rng.choice(heads) + [rng.randrange(50) for _ in range(8)]
+        index.match(tokens, 6)
+        index.insert(tokens, 6)
+        blocks = list(index._blocks.values())
+        assert len(blocks) <= 20
+        assert all(block.parent is None or block.parent.cached for block in blocks)
+        assert all(block.children == sum(other.parent is block for other in blocks) for block in blocks)
+        assert len({block.entry for block in blocks}) == len(blocks)
+    assert index.evictions > 0

@@ -17,7 +17,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.models.kv_cache import KVCache
-from engine.scheduling.prefix_index import PrefixIndex
+from engine.scheduling.prefix_index import CachedBlock, PrefixIndex
 from engine.scheduling.request import Request
 
 
@@ -52,24 +52,30 @@ class PrefixCache:
 
     def keep(self, admitted: Sequence[Request], stored: Sequence[Request]) -> None:
         """Cache the whole prompt blocks of rows whose first step has just run, and every finished block of
-        rows that have just stored one (a conversation's next turn then finds its answers too)."""
+        rows that have just stored one (a conversation's next turn then finds its answers too). The blocks
+        added are copied into the pool in one gather."""
+        added: list[tuple[int, CachedBlock]] = []  # (slot, block)
         for request in admitted:
-            self._insert(request, request.prompt_token_ids, self._whole_prompt_blocks(request))
+            added += self._insert(request, request.prompt_token_ids, self._whole_prompt_blocks(request))
         for request in stored:
             blocks = self._whole_prompt_blocks(request) + request.block_index
             tokens = request.prompt_token_ids + request.output_token_ids
             if len(tokens) >= blocks * self.block_length:  # else a stop token or the cap cut its output
-                self._insert(request, tokens, blocks)
+                added += self._insert(request, tokens, blocks)
+        added = [(slot, block) for slot, block in added if block.cached]  # a later insert may evict an earlier
+        if not added:  # one of this step, and reuse its entry
+            return
+        device = self.pool.device
+        slots = torch.tensor([slot for slot, _ in added], device=device)
+        starts = torch.tensor([block.depth * self.block_length for _, block in added], device=device)
+        columns = starts[:, None] + torch.arange(self.block_length, device=device)
+        entries = torch.tensor([block.entry for _, block in added], device=device)
+        run = self.kv_cache.data[:, slots[:, None], :, :, columns]  # [blocks, block, layers, 2, heads, head_dim]
+        self.pool[:, entries] = run.permute(2, 0, 3, 4, 1, 5)
 
-    def _insert(self, request: Request, tokens: Sequence[int], num_blocks: int) -> None:
+    def _insert(self, request: Request, tokens: Sequence[int], num_blocks: int) -> list[tuple[int, CachedBlock]]:
         added, request.cache_tail = self.index.insert(tokens, num_blocks, request.cache_tail)
-        if added:
-            entries = torch.tensor([block.entry for block in added], device=self.pool.device)
-            columns = torch.cat([torch.arange(block.depth * self.block_length, (block.depth + 1) * self.block_length)
-                                 for block in added]).to(self.pool.device)
-            run = self.kv_cache.data[:, request.slot][:, :, :, columns]  # [layers, 2, heads, blocks * block, hd]
-            shape = (run.shape[0], run.shape[1], run.shape[2], len(added), self.block_length, run.shape[-1])
-            self.pool[:, entries] = run.reshape(shape).permute(0, 3, 1, 2, 4, 5)
+        return [(request.slot, block) for block in added]
 
     def _whole_prompt_blocks(self, request: Request) -> int:
         """Blocks of the prompt that hold no answer column (the one holding the lead is not one)."""

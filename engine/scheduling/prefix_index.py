@@ -1,18 +1,20 @@
-"""Which whole prompt blocks the prefix cache holds: a hash chain of block-sized token runs.
+"""Which whole blocks the prefix cache holds: a hash chain of block-sized token runs.
 
-A block-causal model's keys and values of a prompt block depend only on the tokens up to the end of that
-block. So every request whose prompt starts with the same blocks can read the same keys and values. A
+A block-causal model's keys and values of a block depend only on the tokens up to the end of that block.
+So every request whose prompt starts with the same blocks can read the same keys and values. A
 :class:`CachedBlock` names one such block by its parent and its own tokens, and owns one entry of the
-runner's pool (``engine.runner.prefix_cache``). The pool has a fixed number of entries; when it is
-full, the least recently used block that no other block extends is evicted. This module is host data
-only: it imports no torch.
+runner's pool (``engine.runner.prefix_cache``). The pool has a fixed number of entries; when it is full,
+the least recently used block that no other block extends is evicted (a heap of such leaves, its stale
+entries skipped). This module is host data only: it imports no torch.
 """
 from __future__ import annotations
 
+import heapq
 import itertools
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+_numbers = itertools.count()
 
 
 @dataclass(eq=False)
@@ -22,15 +24,18 @@ class CachedBlock:
     entry: int  # its entry in the pool
     depth: int  # its block number from the prompt's start
     children: int = 0
-    number: int = field(default_factory=itertools.count().__next__)  # identity in the chain's keys
+    last_used: int = 0
+    cached: bool = True  # False once evicted
+    number: int = field(default_factory=_numbers.__next__)  # identity in the chain's keys and the heap
 
 
 class PrefixIndex:
     def __init__(self, capacity: int, block_length: int):
         self.capacity, self.block_length = capacity, block_length
         self._blocks: dict[tuple[int, tuple[int, ...]], CachedBlock] = {}  # (parent number, tokens) -> block
-        self._recent: OrderedDict[CachedBlock, None] = OrderedDict()  # least recently used first
+        self._leaves: list[tuple[int, int, CachedBlock]] = []  # heap of (last_used, number, block)
         self._free = list(range(capacity - 1, -1, -1))
+        self._clock = itertools.count(1)
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -44,7 +49,7 @@ class PrefixIndex:
             block = self._blocks.get((self._key(parent), self._run(tokens, depth)))
             if block is None:
                 break
-            self._recent.move_to_end(block)
+            self._touch(block)
             found.append(block)
             parent = block
         return found
@@ -56,7 +61,7 @@ class PrefixIndex:
         the same tokens, to go on from (while it is cached). It stops early when every entry holds a block
         of this chain."""
         added: list[CachedBlock] = []
-        start = tail.depth + 1 if tail is not None and tail in self._recent else 0
+        start = tail.depth + 1 if tail is not None and tail.cached else 0
         parent = tail if start else None
         chain: set[CachedBlock] = {parent} if parent is not None else set()
         for depth in range(start, num_blocks):
@@ -71,22 +76,46 @@ class PrefixIndex:
                 if parent is not None:
                     parent.children += 1
                 added.append(block)
-            self._recent[block] = None
-            self._recent.move_to_end(block)
+            self._touch(block)
             chain.add(block)
             parent = block
         return added, parent
 
+    def _touch(self, block: CachedBlock) -> None:
+        block.last_used = next(self._clock)
+        if block.children == 0:
+            self._push_leaf(block)
+
+    def _push_leaf(self, block: CachedBlock) -> None:
+        heapq.heappush(self._leaves, (block.last_used, block.number, block))
+        if len(self._leaves) > 4 * self.capacity + 64:  # drop the stale entries that touches leave behind
+            self._leaves = [(b.last_used, b.number, b) for b in self._blocks.values() if b.children == 0]
+            heapq.heapify(self._leaves)
+
     def _take_entry(self, keep: set[CachedBlock]) -> int | None:
         if self._free:
             return self._free.pop()
-        victim = next((block for block in self._recent if block.children == 0 and block not in keep), None)
+        kept = []
+        victim = None
+        while self._leaves:
+            stamp, number, block = heapq.heappop(self._leaves)
+            if not block.cached or block.children or stamp != block.last_used:
+                continue  # stale: evicted, extended since, or used again since
+            if block in keep:
+                kept.append((stamp, number, block))
+                continue
+            victim = block
+            break
+        for item in kept:
+            heapq.heappush(self._leaves, item)
         if victim is None:
             return None
-        del self._recent[victim]
+        victim.cached = False
         del self._blocks[(self._key(victim.parent), victim.tokens)]
         if victim.parent is not None:
             victim.parent.children -= 1
+            if victim.parent.children == 0:
+                self._push_leaf(victim.parent)
         self.evictions += 1
         return victim.entry
 
