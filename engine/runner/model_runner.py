@@ -49,11 +49,14 @@ class ModelRunner:
         started = time.perf_counter()
         rows = self._run(inputs)
         if self.prefix_cache is not None:
-            self.prefix_cache.keep(scheduled.admitted, [request for request in window if request.between_blocks])
+            self.prefix_cache.keep_prompts(scheduled.admitted)
         return RunnerOutput(rows=rows, model_time_s=time.perf_counter() - started, record=inputs.record)
 
     def release(self, finished: list[Request]) -> None:
-        """The rows that left give their slots back at once, so an idle engine holds no row."""
+        """The rows that left give their slots back at once, so an idle engine holds no row (their answers
+        enter the prefix cache first)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.keep_answers(finished)
         for request in finished:
             self.batch.release(request)
 

@@ -5,8 +5,8 @@ A row placed in the batch copies the pool entries of its longest cached run of w
 its slot and marks them as its ``cached_prefix``: its first step then computes only the rest of its prompt
 and its first block. A block whose copy is made is no longer needed by the row, so eviction never takes a
 block from under a reader. After a row's first step its whole prompt blocks are in its slot, final, and
-the ones the pool lacks are copied in; so is each answer block once the row stores it, under the prompt
-and answer tokens before it, so that a conversation's next turn finds its history. The prompt's last,
+the ones the pool lacks are copied in; so are a leaving row's stored answer blocks, under the prompt and
+answer tokens before each, so that a conversation's next turn finds its history. The prompt's last,
 partial block holds answer columns too: it is cached only as an answer block, with its answer tokens.
 """
 from __future__ import annotations
@@ -48,22 +48,29 @@ class PrefixCache:
         width = len(blocks) * self.block_length
         run = self.pool[:, entries]  # [layers, blocks, 2, heads, block, head_dim]
         self.kv_cache.data[:, request.slot, :, :, :width] = run.permute(0, 2, 3, 1, 4, 5).flatten(3, 4)
-        request.cached_prefix = width
+        request.cached_prefix, request.cache_tail = width, blocks[-1]  # its inserts go on from there
 
-    def keep(self, admitted: Sequence[Request], stored: Sequence[Request]) -> None:
-        """Cache the whole prompt blocks of rows whose first step has just run, and every finished block of
-        rows that have just stored one (a conversation's next turn then finds its answers too). The blocks
-        added are copied into the pool in one gather."""
-        added: list[tuple[int, CachedBlock]] = []  # (slot, block)
-        for request in admitted:
-            added += self._insert(request, request.prompt_token_ids, self._whole_prompt_blocks(request))
-        for request in stored:
-            blocks = self._whole_prompt_blocks(request) + request.block_index
+    def keep_prompts(self, admitted: Sequence[Request]) -> None:
+        """Cache the whole prompt blocks of rows whose first step has just run."""
+        self._copy([pair for request in admitted
+                    for pair in self._insert(request, request.prompt_token_ids, self._whole_prompt_blocks(request))])
+
+    def keep_answers(self, finished: Sequence[Request]) -> None:
+        """Cache the stored answer blocks of rows leaving now, under the prompt and answer tokens before each,
+        so that a conversation's next turn finds its history. A row's last block was never stored, and a
+        row whose output a stop token cut inside an earlier block has no tokens for it: neither is cached."""
+        added = []
+        for request in finished:
+            blocks = self._whole_prompt_blocks(request) + max(request.block_index - 1, 0)
             tokens = request.prompt_token_ids + request.output_token_ids
-            if len(tokens) >= blocks * self.block_length:  # else a stop token or the cap cut its output
+            if request.slot is not None and len(tokens) >= blocks * self.block_length:
                 added += self._insert(request, tokens, blocks)
-        added = [(slot, block) for slot, block in added if block.cached]  # a later insert may evict an earlier
-        if not added:  # one of this step, and reuse its entry
+        self._copy(added)
+
+    def _copy(self, added: list[tuple[int, CachedBlock]]) -> None:
+        """Copy the blocks added from their rows' slots into their pool entries, in one gather."""
+        added = [(slot, block) for slot, block in added if block.cached]  # a later insert of the same call may
+        if not added:  # have evicted an earlier one and taken its entry
             return
         device = self.pool.device
         slots = torch.tensor([slot for slot, _ in added], device=device)
