@@ -64,9 +64,16 @@ def run_chat(engine: BlockServeEngine, lm: DiffusionLM, scale: dict, params: Sam
     return answers
 
 
+def pool_tokens(workload: str, scale: dict) -> int:
+    """A pool that holds the workload's shared prefixes: four instructions, or every conversation's history."""
+    if workload == "instruction":
+        return 4 * scale["instruction"]
+    return scale["conversations"] * (scale["instruction"] // 4 + scale["turns"] * (scale["answer"] + 24))
+
+
 def measure(lm: DiffusionLM, settings: dict, workload: str, caching: bool, scale: dict, shape: str) -> dict:
     engine = BlockServeEngine(lm, EngineConfig(max_batch_size=16, enable_prefix_caching=caching,
-                                               prefix_cache_tokens=4 * scale["instruction"], **settings))
+                                               prefix_cache_tokens=pool_tokens(workload, scale), **settings))
     params = SamplingParams(max_new_tokens=scale["answer"], stop_at_eos=False)
     if workload == "instruction":
         answers = [o.token_ids for o in engine.generate(instruction_prompts(lm, scale), params)]
