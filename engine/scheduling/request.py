@@ -4,8 +4,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.config import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.scheduling.prefix_index import CachedBlock
 
 
 def first_stop(token_ids: list[int], stop_ids: tuple[int, ...]) -> int | None:
@@ -97,7 +101,7 @@ class Request:
     step_in_block: int = 0  # denoising steps taken in the current block (block_index's)
     slot: int | None = None  # its row in the runner's persistent batch while it runs
     cached_prefix: int = 0  # prompt columns from 0 whose keys/values came from the prefix cache
-    cache_tail: object = None  # the prefix cache's last block of its row (engine.scheduling.prefix_index)
+    cache_tail: CachedBlock | None = None  # the prefix cache's last block of its row
     output_token_ids: list[int] = field(default_factory=list)  # its own output so far, up to a stop token
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # theirs, if asked for
     num_steps: int = 0
