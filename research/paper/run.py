@@ -1,8 +1,8 @@
 """Reproduce the paper's evaluation side by side on one model, in one process.
 
     python -m research paper --scale full --device cpu --out benchmarks/results/paper/
-    python -m research paper --scale quick --out /tmp/bench-quick/          # < 3 min
-    python -m research paper --scale smoke --only throughput --out /tmp/b/  # the CI piece
+    python -m research paper --scale quick --out runs/bench-quick/          # < 3 min
+    python -m research paper --scale smoke --only throughput --out runs/b/  # the CI piece
 
 Writes ``results.json`` (raw figures, per-request latencies included, with the one results writer's
 meta block), ``report.md`` and PNG figures. The projected columns use the host model
