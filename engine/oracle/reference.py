@@ -35,13 +35,13 @@ from engine.models.step_inputs import RefreshPart, WindowPart
 from engine.oracle.reference_block_causal import block_causal_generate
 from engine.oracle.reference_steps import (
     ReferenceResult,
+    RowDraws,
     block_stops,
-    committed_logprobs,
+    denoise_step,
     finished_result,
     row_bias,
-    row_sampling,
 )
-from engine.runner.decoding import DecodeRule, commits_first_position_first, propose_tokens, select_commits
+from engine.runner.decoding import DecodeRule, commits_first_position_first
 from engine.scheduling.request import TokenLogprob
 
 THRESHOLD_RULE = DecodeRule("threshold")
@@ -68,7 +68,8 @@ def reference_generate(
     rule = dataclasses.replace(
         rule, first_step_first_position=commits_first_position_first(rule.kind, shift, shifted_decoding))
     canvas, positions, key_mask, kv_cache = _blank_canvas(lm, prompt_ids, width, cache)
-    seeds = torch.tensor([seed], dtype=torch.long, device=device)
+    draws = RowDraws(torch.tensor([seed], dtype=torch.long, device=device), temperature, top_k, top_p,
+                     row_bias(logit_bias, lm.vocab_size, device) if logit_bias else None)
     slot = torch.zeros(1, dtype=torch.long, device=device)
     total_steps, blocks_run = 0, 0
     logprobs_at: dict[int, TokenLogprob] = {}  # canvas position -> at its commit step
@@ -85,16 +86,8 @@ def reference_generate(
                                          (start - lookback, end if cache == "dual" else width), block_length,
                                          read_shift=shift - lookback)
             logits = lm.model.logits(hidden)
-            sampling = (row_sampling(seeds, temperature, top_k, top_p, block * block_length, step, block_length,
-                                  logits.shape[-1]) if temperature > 0 else None)
-            bias = row_bias(logit_bias, logits.shape[-1], device) if logit_bias else None
-            candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=rule.measure, bias=bias)
-            masked = canvas[:, start:end] == mask_id
-            commit = select_commits(rule, confidence, masked, torch.tensor([step], device=device))
-            canvas[:, start:end] = torch.where(commit, candidates, canvas[:, start:end])
-            if logprobs is not None:
-                logprobs_at |= committed_logprobs(logits, mask_id, candidates, commit, logprobs, bias,
-                                                          offset=block * block_length)
+            denoise_step(lm, rule, canvas, (start, end), logits, step, block * block_length, draws, logprobs,
+                         logprobs_at, logprob_offset=block * block_length)
             step += 1
         total_steps += step
         blocks_run += 1

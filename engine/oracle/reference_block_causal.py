@@ -24,13 +24,13 @@ from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import RefreshPart, WindowPart
 from engine.oracle.reference_steps import (
     ReferenceResult,
+    RowDraws,
     block_stops,
-    committed_logprobs,
+    denoise_step,
     finished_result,
     row_bias,
-    row_sampling,
 )
-from engine.runner.decoding import DecodeRule, propose_tokens, select_commits
+from engine.runner.decoding import DecodeRule
 from engine.scheduling.request import TokenLogprob
 
 
@@ -52,8 +52,8 @@ def block_causal_generate(
     canvas[0, :prompt_length] = torch.tensor(prompt_ids, device=device)
     forward = (CachedBlockForward if cache != "none" else FullBlockForward)(lm, canvas, block_length)
     forward.prefill(first)
-    seeds = torch.tensor([seed], dtype=torch.long, device=device)
-    bias = row_bias(logit_bias, lm.vocab_size, device) if logit_bias else None
+    draws = RowDraws(torch.tensor([seed], dtype=torch.long, device=device), temperature, top_k, top_p,
+                     row_bias(logit_bias, lm.vocab_size, device) if logit_bias else None)
     total_steps, blocks_run = 0, 0
     logprobs_at: dict[int, TokenLogprob] = {}  # output position -> at its commit step
     for block in range(num_blocks):
@@ -61,15 +61,8 @@ def block_causal_generate(
         step = 0
         while (canvas[0, start:end] == mask_id).any():
             logits = lm.model.logits(forward.step(start, end))
-            sampling = (row_sampling(seeds, temperature, top_k, top_p, block * block_length, step, block_length,
-                                     logits.shape[-1]) if temperature > 0 else None)
-            candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=rule.measure, bias=bias)
-            masked = canvas[:, start:end] == mask_id
-            commit = select_commits(rule, confidence, masked, torch.tensor([step], device=device))
-            canvas[:, start:end] = torch.where(commit, candidates, canvas[:, start:end])
-            if logprobs is not None:
-                logprobs_at |= committed_logprobs(logits, mask_id, candidates, commit, logprobs, bias,
-                                                  offset=block * block_length - lead)
+            denoise_step(lm, rule, canvas, (start, end), logits, step, block * block_length, draws, logprobs,
+                         logprobs_at, logprob_offset=block * block_length - lead)
             step += 1
         forward.store(start, end)
         total_steps += step

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.runner.decoding import Sampling, gumbel_noise
+from engine.runner.decoding import DecodeRule, Sampling, gumbel_noise, propose_tokens, select_commits
 from engine.runner.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
 from engine.scheduling.request import TokenLogprob, first_stop
 
@@ -66,3 +66,33 @@ def finished_result(lm, canvas: torch.Tensor, prompt_length: int, end: int, max_
 def block_stops(lm, canvas: torch.Tensor, start: int, end: int) -> bool:
     """Whether canvas columns ``[start, end)`` hold a stop token."""
     return any(int(token) in lm.special_ids.stop_ids for token in canvas[0, start:end])
+
+
+@dataclass(frozen=True)
+class RowDraws:
+    """What the oracle's one row draws with: its seed, temperature, filters and logit bias."""
+
+    seeds: torch.Tensor
+    temperature: float
+    top_k: int
+    top_p: float
+    bias: RowBias | None
+
+
+def denoise_step(lm, rule: DecodeRule, canvas: torch.Tensor, span: tuple[int, int], logits: torch.Tensor,
+                 step: int, block_offset: int, draws: RowDraws, logprobs: int | None,
+                 logprobs_at: dict[int, TokenLogprob], logprob_offset: int) -> None:
+    """One denoising step of the oracle's row: propose tokens for the block at canvas columns ``span`` from
+    its ``logits``, commit what ``rule`` selects, and record the committed tokens' log-probabilities at
+    output positions from ``logprob_offset`` (``block_offset``: the block's first output position)."""
+    start, end = span
+    mask_id, block_length = lm.special_ids.mask_id, end - start
+    sampling = (row_sampling(draws.seeds, draws.temperature, draws.top_k, draws.top_p, block_offset, step,
+                             block_length, logits.shape[-1]) if draws.temperature > 0 else None)
+    candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=rule.measure, bias=draws.bias)
+    masked = canvas[:, start:end] == mask_id
+    commit = select_commits(rule, confidence, masked, torch.tensor([step], device=canvas.device))
+    canvas[:, start:end] = torch.where(commit, candidates, canvas[:, start:end])
+    if logprobs is not None:
+        logprobs_at |= committed_logprobs(logits, mask_id, candidates, commit, logprobs, draws.bias,
+                                          offset=logprob_offset)
