@@ -15,6 +15,7 @@
   ``fuse_cross_entropy: false``), Qwen3 weight names with q/k norms, head_dim 16 != hidden/heads 8,
   grouped-query attention, untied head; generation_config.json stops on ``<|im_end|>`` and
   ``<|endoftext|>``; a character tokenizer with ``<|MASK|>`` and ChatML.
+* ``tiny-diffusion_gemma/``: DiffusionGemma by transformers' own classes (``scripts.make_gemma_fixture``).
 * ``tiny-llada2/``: LLaDA2's config.json (no mask_token_id), fused ``query_key_value``, q/k norms,
   partial RoPE (factor 0.5), one dense layer then MoE layers (8 experts in 4 groups, 2 groups and 2
   experts per token, one shared expert, routed scaling 2.5, a random nonzero ``expert_bias``); a
@@ -45,6 +46,7 @@ from engine.models.config import MoEConfig, TransformerConfig
 from engine.models.families import FAMILIES, CheckpointIds, family_named
 from engine.models.moe import Router
 from engine.models.transformer import BidirectionalTransformer
+from scripts.make_gemma_fixture import make_diffusion_gemma
 from tinylm import tokenizer as llada_tokenizer
 from tinylm.export import save_checkpoint
 
@@ -248,8 +250,13 @@ def make_llada2(directory: Path, generator: torch.Generator) -> None:
     write_json(directory / "generation_config.json", {"eos_token_id": ids[DREAM_EOS], "pad_token_id": ids[DREAM_EOS]})
 
 
-MAKERS = {"llada": make_llada, "dream": make_dream, "sdar": make_sdar, "llada2": make_llada2}  # by family name:
-# every family of the registry has its fixture, written in the registry's order
+def make_gemma(directory: Path, generator: torch.Generator) -> None:
+    make_diffusion_gemma(directory, generator, CHARACTERS)
+
+
+MAKERS = {"llada": make_llada, "dream": make_dream, "sdar": make_sdar, "llada2": make_llada2,
+          "diffusion_gemma": make_gemma}  # by family name: every family of the registry has its fixture, written
+# in the registry's order
 
 
 def make_fixtures(out_dir: Path | str = DEFAULT_OUT, names: tuple[str, ...] = ()) -> tuple[Path, ...]:

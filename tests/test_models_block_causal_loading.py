@@ -41,18 +41,17 @@ def test_block_causal_families_are_detected_by_architecture_or_model_type(config
 @pytest.mark.parametrize("config, named", [
     ({"architectures": ["SDARMoeForCausalLM"], "model_type": "sdar_moe"}, "SDAR-MoE"),
     ({"architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe_veomni"}, "llada2_moe_veomni"),
-    ({"architectures": ["DiffusionGemmaForBlockDiffusion"]}, "DiffusionGemma"),
     ({"architectures": ["NemotronDiffusionForCausalLM"]}, "Nemotron diffusion"),
     ({"architectures": ["Fast_dLLM_QwenForCausalLM"], "model_type": "Fast_dLLM_Qwen"}, "Fast-dLLM v2"),
 ])
 def test_known_unserved_diffusion_models_are_refused_by_name(config, named):
     with pytest.raises(ValueError, match=named) as refusal:
         detect_family(config, Path("x"))
-    assert "does not serve" in str(refusal.value) and "LLaDA, Dream, SDAR, LLaDA2" in str(refusal.value)
+    assert "does not serve" in str(refusal.value) and "LLaDA, Dream, SDAR, LLaDA2, DiffusionGemma" in str(refusal.value)
 
 
 def test_an_unknown_model_is_refused_naming_the_served_families():
-    with pytest.raises(ValueError, match="LLaDA, Dream, SDAR, LLaDA2") as refusal:
+    with pytest.raises(ValueError, match="LLaDA, Dream, SDAR, LLaDA2, DiffusionGemma") as refusal:
         detect_family({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, Path("x"))
     assert "gpt2" in str(refusal.value)
 

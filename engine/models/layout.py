@@ -5,6 +5,10 @@ A family's layout is one of two kinds:
 * **Full attention** (LLaDA, Dream): every position attends to the whole row. A row sits right-aligned
   in its slot, its answer starts on a block boundary, and the first step of each block rebuilds the
   row's keys and values from its current tokens (finished blocks are *refreshed*).
+* **Canvas** (DiffusionGemma): a causal encoder writes the context once (prompt, then each committed
+  canvas); the answer's canvas starts from random tokens and attends to itself and to that context. A
+  row sits left-aligned, its answer starts right after the prompt, and it decodes with the
+  ``entropy_bound`` rule (``engine.runner.canvas_rule``) on its own runner (``engine.runner.canvas_runner``).
 * **Block-causal** (SDAR, LLaDA2): a position attends to its own block and every block before it, over
   blocks of the size the model was trained with, counted from the prompt's first token. A row sits
   left-aligned (column = position), the first answer block holds the prompt's last ``lead`` tokens,
@@ -19,8 +23,10 @@ from typing import Literal
 
 from engine.config import DEFAULT_BLOCK_LENGTH, EngineConfig, blocks_needed
 
-AttentionKind = Literal["bidirectional", "block_causal"]
-ATTENTION_KINDS: tuple[AttentionKind, ...] = ("bidirectional", "block_causal")
+AttentionKind = Literal["bidirectional", "block_causal", "canvas"]
+ATTENTION_KINDS: tuple[AttentionKind, ...] = ("bidirectional", "block_causal", "canvas")
+MASK_RULES = ("threshold", "quota", "factor", "factor_prefix", "dream", "low_confidence", "low_confidence_dynamic",
+              "low_confidence_static")  # the rules that unmask a block of mask tokens
 
 
 @dataclass(frozen=True)
@@ -41,8 +47,8 @@ class RowLayout:
             raise ValueError(f"{self.family} attends block-causally with logits shifted by {self.logit_shift}: the "
                              "block-causal steps read each token's logits at its own column and would decode "
                              "wrong tokens, so this engine refuses the combination")
-        if self.block_causal and not self.trained_block:
-            raise ValueError(f"{self.family} attends block-causally but names no trained block size")
+        if (self.block_causal or self.decodes_canvases) and not self.trained_block:
+            raise ValueError(f"{self.family} attends {self.attention} but names no trained block size")
 
     @property
     def block_causal(self) -> bool:
@@ -50,9 +56,19 @@ class RowLayout:
         return self.attention == "block_causal"
 
     @property
+    def decodes_canvases(self) -> bool:
+        """Canvases of random tokens denoised by the entropy-bound rule, on the canvas runner."""
+        return self.attention == "canvas"
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whole prompt blocks' keys and values are exact for any request sharing them (prefix caching)."""
+        return self.block_causal
+
+    @property
     def left_aligned(self) -> bool:
         """Rows sit from column 0 of their slot (column = position); else they end at its last column."""
-        return self.block_causal
+        return self.block_causal or self.decodes_canvases
 
     @property
     def stores_finished_blocks(self) -> bool:
@@ -81,6 +97,15 @@ class RowLayout:
         if config.cache not in self.caches:
             return (f"EngineConfig.cache: {config.cache!r} is a cache mode of full-attention families; "
                     f"{self.family} attends block-causally and caches each finished block: leave cache at 'dual'")
+        if config.enable_prefix_caching and self.decodes_canvases:
+            return (f"EngineConfig.enable_prefix_caching: prefix caching is not built for {self.family}'s canvas "
+                    "runner yet; leave it unset")
+        if self.decodes_canvases and config.decoding not in ("entropy_bound", "threshold"):
+            return (f"EngineConfig.decoding: {config.decoding!r} unmasks mask tokens; {self.family} denoises "
+                    "canvases of random tokens: use entropy_bound (or leave decoding unset)")
+        if not self.decodes_canvases and config.decoding == "entropy_bound":
+            return (f"EngineConfig.decoding: 'entropy_bound' is DiffusionGemma's canvas sampler; {self.family} "
+                    "unmasks blocks: use one of " + ", ".join(MASK_RULES))
         if config.enable_prefix_caching and not self.stores_finished_blocks:
             return (f"EngineConfig.enable_prefix_caching: {self.family} attends over the whole row, so a prompt "
                     "block's keys and values depend on the canvas after it and cannot be reused by another "

@@ -1,12 +1,13 @@
 """Resolve a model name, detect its checkpoint family, and load model + tokenizer + special ids."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from engine.config import CANVAS_SETTINGS
 from engine.models.batch_invariance import configure_cuda_batch_invariance
 from engine.models.checkpoint import load_weights, read_json
 from engine.models.families import Family, detect_family
@@ -39,6 +40,9 @@ class DiffusionLM:
     special_ids: SpecialTokenIds
     layout: RowLayout  # how its rows are laid out and attended
     max_length: int  # longest row (prompt + canvas) the model accepts
+    canvas_defaults: dict = field(default_factory=dict)  # a canvas model's sampler settings from its
+    # generation_config.json (transformers' names)
+    image_token_ids: tuple[int, ...] = ()  # ids only an image request carries: refused (text-only families)
 
     @property
     def logit_shift(self) -> int:
@@ -133,10 +137,11 @@ def special_token_ids(config: dict, generation_config: dict, tokenizer: PreTrain
         return found if isinstance(found, int) and found != tokenizer.unk_token_id else None
 
     mask_id = mask_token_id(config, tokenizer_config or {}, token_id, family)
-    eos_id = config.get("eos_token_id", tokenizer.eos_token_id)
+    text_config = config.get("text_config") or {}  # DiffusionGemma keeps its ids with its text stack
+    eos_id = config.get("eos_token_id", text_config.get("eos_token_id", tokenizer.eos_token_id))
     if isinstance(eos_id, list):
         eos_id = eos_id[0]
-    pad_id = config.get("pad_token_id", tokenizer.pad_token_id)
+    pad_id = config.get("pad_token_id", text_config.get("pad_token_id", tokenizer.pad_token_id))
     if mask_id is None or eos_id is None:
         raise ValueError("checkpoint config names no mask_token_id / eos_token_id")
     stops = {eos_id}
@@ -170,12 +175,25 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     layout = family.layout(config)  # a layout the engine would decode wrongly is refused here
     transformer_config = family.transformer_config(config)
     with torch.device("meta"):
-        transformer = BidirectionalTransformer(transformer_config)
+        transformer = (family.model_class or BidirectionalTransformer)(transformer_config)
     load_weights(transformer, directory, family.weight_names.ours, torch.device(device), resolve_dtype(dtype))
     transformer.eval().requires_grad_(False)
     apply_model_options(transformer, options)
     tokenizer = load_tokenizer(directory)
-    special_ids = special_token_ids(config, read_json(directory / "generation_config.json"), tokenizer, family,
+    generation_config = read_json(directory / "generation_config.json")
+    special_ids = special_token_ids(config, generation_config, tokenizer, family,
                                     read_json(directory / "tokenizer_config.json"))
     return DiffusionLM(name=str(model), family=family.name, model=transformer, tokenizer=tokenizer,
-                       special_ids=special_ids, layout=layout, max_length=transformer_config.max_position_embeddings)
+                       special_ids=special_ids, layout=layout, max_length=transformer_config.max_position_embeddings,
+                       canvas_defaults=canvas_defaults(generation_config) if layout.decodes_canvases else {},
+                       image_token_ids=family.image_tokens(config) if family.image_tokens else ())
+
+
+def canvas_defaults(generation_config: dict) -> dict:
+    """The canvas sampler settings a DiffusionGemma generation_config.json sets (``entropy_bound`` sits in
+    its ``sampler_config``)."""
+    settings = {key: generation_config[key] for key in CANVAS_SETTINGS if generation_config.get(key) is not None}
+    sampler = generation_config.get("sampler_config") or {}
+    if sampler.get("entropy_bound") is not None:
+        settings["entropy_bound"] = sampler["entropy_bound"]
+    return settings

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.models.families import dream, llada, llada2, sdar
+from engine.models.families import diffusion_gemma, dream, llada, llada2, sdar
 from engine.models.families.unserved import unserved_diffusion_model
 from engine.models.family import CheckpointIds, Family
 
-FAMILIES: tuple[Family, ...] = (llada.FAMILY, dream.FAMILY, sdar.FAMILY, llada2.FAMILY)
+FAMILIES: tuple[Family, ...] = (llada.FAMILY, dream.FAMILY, sdar.FAMILY, llada2.FAMILY, diffusion_gemma.FAMILY)
 
 __all__ = ["FAMILIES", "CheckpointIds", "Family", "detect_family", "family_named", "served"]
 
 
 def served() -> str:
-    """The families served, as a person writes them: "LLaDA, Dream, SDAR, LLaDA2"."""
+    """The families served, as a person writes them: "LLaDA, Dream, SDAR, LLaDA2, DiffusionGemma"."""
     return ", ".join(family.title for family in FAMILIES)
 
 

@@ -1,0 +1,39 @@
+"""DiffusionGemma's KV cache: every slot's context keys and values, sized by what each layer can still see.
+
+A global layer keeps every context position (column = position). A sliding layer keeps only the last
+``sliding_window - 1`` positions, in a ring (column = position mod ring size): an encoder query sees
+itself and the ``sliding_window - 1`` positions before it, and the canvas sees the context's last
+``sliding_window - 1`` positions, as transformers' sliding cache keeps them.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.models.diffusion_gemma.config import GemmaTextConfig
+
+
+class CanvasKVCache:
+    def __init__(self, config: GemmaTextConfig, slots: int, width: int, dtype: torch.dtype,
+                 device: torch.device):
+        self.ring = max(config.sliding_window - 1, 1)
+        self.width = width
+        self.layers = [torch.zeros(self.layer_shape(config, index, slots, width), dtype=dtype, device=device)
+                       for index in range(config.num_layers)]
+
+    def layer_shape(self, config: GemmaTextConfig, index: int, slots: int, width: int) -> tuple[int, ...]:
+        shape = config.layers[index]
+        columns = width if shape.kind == "global" else min(self.ring, width)
+        return (slots, 2, shape.num_kv_heads, columns, shape.head_dim)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(layer.numel() * layer.element_size() for layer in self.layers)
+
+    @staticmethod
+    def bytes_per_slot(config: GemmaTextConfig, width: int, dtype: torch.dtype) -> int:
+        """Keys and values of one slot of ``width`` columns over all layers (sliding layers: their ring)."""
+        element = torch.empty((), dtype=dtype).element_size()
+        ring = max(config.sliding_window - 1, 1)
+        return sum(2 * shape.num_kv_heads * shape.head_dim * element * (width if shape.kind == "global"
+                                                                         else min(ring, width))
+                   for shape in config.layers)

@@ -1,0 +1,132 @@
+"""DiffusionGemma's layer pieces, named as its checkpoint names them (``model.decoder.layers.N.*``).
+
+Each computes what transformers' ``modeling_diffusion_gemma`` computes, in the same order of operations,
+so float32 logits agree to rounding: Gemma's RMSNorm (``x * (mean(x^2) + eps)^-0.5`` in float32, then
+the weight), the dense gated MLP (tanh GELU), the router (its own unscaled norm, a learned scale,
+softmax in float32, top-k renormalised, a per-expert scale), the experts summed in expert order, and the
+self-conditioning block that mixes the previous step's soft predictions into the canvas embeddings.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.diffusion_gemma.config import GemmaTextConfig, LayerShape
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+class GemmaRMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, with_scale: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size)) if with_scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        widened = x.float()
+        normed = widened * torch.pow(widened.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        if self.weight is not None:
+            normed = normed * self.weight.float()
+        return normed.type_as(x)
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    def __init__(self, config: GemmaTextConfig):
+        super().__init__()
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps, with_scale=False)
+        self.proj = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.scale = nn.Parameter(torch.ones(config.hidden_size))
+        self.per_expert_scale = nn.Parameter(torch.ones(config.num_experts))
+        self.root_size = config.hidden_size ** -0.5
+        self.top_k = config.experts_per_token
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights [tokens, k], experts [tokens, k])`` of tokens ``x [tokens, hidden]``."""
+        scores = self.proj(self.norm(x) * self.scale * self.root_size)
+        probabilities = F.softmax(scores, dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probabilities, k=self.top_k, dim=-1)
+        weights /= weights.sum(dim=-1, keepdim=True)
+        return weights * self.per_expert_scale[experts], experts
+
+
+class Experts(nn.Module):
+    def __init__(self, config: GemmaTextConfig):
+        super().__init__()
+        size, hidden = config.moe_intermediate_size, config.hidden_size
+        self.gate_up_proj = nn.Parameter(torch.empty(config.num_experts, 2 * size, hidden))
+        self.down_proj = nn.Parameter(torch.empty(config.num_experts, hidden, size))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """Each token's experts' outputs, weighted and summed in expert order (one host read of the
+        experts hit)."""
+        out = torch.zeros_like(x)
+        for expert in torch.unique(experts).tolist():
+            tokens, slot = torch.where(experts == expert)
+            gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            expert_out = F.linear(gelu_tanh(gate) * up, self.down_proj[expert])
+            out.index_add_(0, tokens, (expert_out * weights[tokens, slot, None]).to(out.dtype))
+        return out
+
+
+class SelfAttentionProjections(nn.Module):
+    """q/k/v projections and norms of one layer (global layers have no ``v_proj``)."""
+
+    def __init__(self, config: GemmaTextConfig, shape: LayerShape):
+        super().__init__()
+        hidden, heads = config.hidden_size, config.num_heads
+        self.shape = shape
+        self.q_proj = nn.Linear(hidden, heads * shape.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, shape.num_kv_heads * shape.head_dim, bias=False)
+        self.v_proj = None if shape.values_from_keys else nn.Linear(hidden, shape.num_kv_heads * shape.head_dim,
+                                                                    bias=False)
+        self.o_proj = nn.Linear(heads * shape.head_dim, hidden, bias=False)
+        self.q_norm = GemmaRMSNorm(shape.head_dim, config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(shape.head_dim, config.rms_norm_eps)
+        self.v_norm = GemmaRMSNorm(shape.head_dim, config.rms_norm_eps, with_scale=False)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated queries ``[tokens, heads, d]``, rotated keys and values ``[tokens, kv_heads, d]``."""
+        d = self.shape.head_dim
+        q = rotate(self.q_norm(self.q_proj(x).view(x.shape[0], -1, d)), cos, sin)
+        raw_keys = self.k_proj(x).view(x.shape[0], -1, d)
+        raw_values = raw_keys if self.v_proj is None else self.v_proj(x).view(x.shape[0], -1, d)
+        return q, rotate(self.k_norm(raw_keys), cos, sin), self.v_norm(raw_values)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE over the whole head (``cos``/``sin`` ``[tokens, 1, d]``), as transformers does."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+class SelfConditioning(nn.Module):
+    """The previous step's soft predictions, through a gated MLP, added to the canvas embeddings."""
+
+    def __init__(self, config: GemmaTextConfig):
+        super().__init__()
+        hidden = config.hidden_size
+        self.pre_norm = GemmaRMSNorm(hidden, config.rms_norm_eps)
+        self.post_norm = GemmaRMSNorm(hidden, config.rms_norm_eps, with_scale=False)
+        self.gate_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, hidden, bias=False)
+
+    def forward(self, embeddings: torch.Tensor, soft_embeddings: torch.Tensor) -> torch.Tensor:
+        normed = self.pre_norm(soft_embeddings)
+        signal = self.down_proj(gelu_tanh(self.gate_proj(normed)) * self.up_proj(normed))
+        return self.post_norm(embeddings + signal)

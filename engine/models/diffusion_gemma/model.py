@@ -1,0 +1,182 @@
+"""DiffusionGemma's text stack: one set of layers run as the encoder (context, causal, writes the cache)
+and as the decoder (the canvas, bidirectional, reads the cache), packed into one forward per step.
+
+The two uses differ only in their attention (``engine.models.diffusion_gemma.step``), the canvas's
+self-conditioning input and each layer's scalar (the checkpoint keeps the encoder's and the decoder's
+apart). Logits exist only for canvas positions: a store reads none.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.diffusion_gemma.config import GemmaTextConfig, LayerShape
+from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
+from engine.models.diffusion_gemma.layers import (
+    Experts,
+    GatedMLP,
+    GemmaRMSNorm,
+    Router,
+    SelfAttentionProjections,
+    SelfConditioning,
+)
+from engine.models.diffusion_gemma.step import CanvasStep, DecodePlan, StorePlan, plan_decode, plan_store
+from engine.models.options import ModelOptions
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: GemmaTextConfig, shape: LayerShape):
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.shape = shape
+        self.self_attn = SelfAttentionProjections(config, shape)
+        self.mlp = GatedMLP(hidden, config.intermediate_size)
+        self.router = Router(config)
+        self.experts = Experts(config)
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                     "pre_feedforward_layernorm_2"):
+            setattr(self, name, GemmaRMSNorm(hidden, eps))
+        self.register_buffer("layer_scalar", torch.ones(1))  # the decoder's
+        self.register_buffer("encoder_layer_scalar", torch.ones(1))  # the encoder's, kept apart
+
+    def forward(self, x: torch.Tensor, attention, num_store: int) -> torch.Tensor:
+        x = x + self.post_attention_layernorm(attention(self.input_layernorm(x)))
+        dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
+        weights, experts = self.router(x)
+        routed = self.post_feedforward_layernorm_2(self.experts(self.pre_feedforward_layernorm_2(x), weights, experts))
+        x = x + self.post_feedforward_layernorm(dense + routed)
+        scalars = torch.cat([self.encoder_layer_scalar.expand(num_store),
+                             self.layer_scalar.expand(x.shape[0] - num_store)])
+        return x * scalars[:, None]
+
+
+class DiffusionGemmaTransformer(nn.Module):
+    def __init__(self, config: GemmaTextConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, shape) for shape in config.layers)
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_conditioning = SelfConditioning(config)
+        self.embed_scale = config.hidden_size ** 0.5
+        self.options = ModelOptions()
+        # per layer kind, computed on first use (a buffer would be lost by the loader's meta-device build)
+        self._inverse_frequencies: dict[str, torch.Tensor] = {}
+
+    # -- what the loader and the engine ask of any model --------------------------------------------
+    def tie_weights(self) -> None:
+        pass  # the head reads embed_tokens directly
+
+    def apply_options(self, options: ModelOptions) -> None:
+        if options.compile:
+            raise ValueError("ModelOptions.compile: DiffusionGemma runs eagerly (its compiled step is not built "
+                             "yet); load it with compile=False")
+        self.options = options
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self.named_parameters()) | dict(self.named_buffers())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(self.dtype)
+        return self.embed_tokens(tokens) * scale
+
+    # -- the forward -------------------------------------------------------------------------------
+    def forward_canvas(self, step: CanvasStep, cache: CanvasKVCache) -> torch.Tensor | None:
+        """Store the store part's tokens and run the decode part's canvases: logits ``[rows, canvas,
+        vocab]`` in float32, soft-capped, or None when no canvas ran."""
+        ring, window = cache.ring, self.config.sliding_window
+        store = plan_store(step.store, ring, window, self.dtype) if step.store is not None else None
+        decode = plan_decode(step.decode, ring, self.dtype) if step.decode is not None else None
+        pieces, positions = [], []
+        if store is not None:
+            pieces.append(self.embed(step.store.tokens))
+            positions.append(store.positions)
+        if decode is not None:
+            canvas = self.embed(step.decode.tokens)
+            soft = step.decode.soft_embeddings
+            pieces.append(self.self_conditioning(canvas, soft if soft is not None else torch.zeros_like(canvas))
+                          .reshape(-1, canvas.shape[-1]))
+            positions.append(decode.positions)
+        x, positions = torch.cat(pieces), torch.cat(positions)
+        rotary = {shape.kind: self._rotary(positions, shape) for shape in self.config.layers}
+        num_store = 0 if store is None else store.positions.shape[0]
+        for index, layer in enumerate(self.layers):
+            cos, sin = rotary[layer.shape.kind]
+
+            def attention(h, layer=layer, index=index, cos=cos, sin=sin):
+                return self._attention(layer, cache.layers[index], h, cos, sin, store, decode, num_store)
+            x = layer(x, attention, num_store)
+        if decode is None:
+            return None
+        hidden = self.norm(x[num_store:]).view(decode.rows, decode.length, -1)
+        return self.logits(hidden)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        cap = self.config.final_logit_softcapping
+        logits = F.linear(hidden, self.embed_tokens.weight).float()
+        return torch.tanh(logits / cap) * cap
+
+    def soft_embeddings(self, processed_logits: torch.Tensor) -> torch.Tensor:
+        """The next step's self-conditioning input from this step's temperature-scaled logits, as the
+        reference makes it: softmax in float32, cast to the model's dtype, times the scaled embeddings."""
+        probabilities = processed_logits.to(self.dtype).softmax(dim=-1, dtype=torch.float32).to(self.dtype)
+        scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(self.dtype)
+        return torch.matmul(probabilities, self.embed_tokens.weight) * scale
+
+    def _rotary(self, positions: torch.Tensor, shape: LayerShape) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos``, ``sin`` ``[tokens, 1, head_dim]`` of a layer kind, computed as transformers does."""
+        if shape.kind not in self._inverse_frequencies:
+            self._inverse_frequencies[shape.kind] = shape.inverse_frequencies().to(positions.device)
+        frequencies = positions[:, None].float() * self._inverse_frequencies[shape.kind]
+        angles = torch.cat([frequencies, frequencies], dim=-1)[:, None]
+        return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+
+    def _attention(self, layer: DecoderLayer, cache: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, store: StorePlan | None, decode: DecodePlan | None,
+                   num_store: int) -> torch.Tensor:
+        q, k, v = layer.self_attn.project(h, cos, sin)
+        sliding = layer.shape.kind == "sliding"
+        outputs = []
+        if store is not None:
+            outputs.append(self._store_attention(cache, q[:num_store], k[:num_store], v[:num_store], store, sliding))
+        if decode is not None:
+            rows, length = decode.rows, decode.length
+            canvas_kv = torch.stack([k[num_store:], v[num_store:]], dim=1).view(rows, length, 2, *k.shape[1:])
+            canvas_kv = canvas_kv.permute(0, 2, 3, 1, 4)  # [rows, 2, kv_heads, canvas, d]
+            context = cache[decode.slots] if sliding else cache[decode.slots, :, :, :decode.global_keys]
+            keys = torch.cat([context, canvas_kv], dim=3)
+            mask = decode.sliding_mask if sliding else decode.global_mask
+            queries = q[num_store:].view(rows, length, *q.shape[1:])
+            outputs.append(_attend(queries, keys, mask).reshape(rows * length, -1))
+        return layer.self_attn.o_proj(torch.cat(outputs) if len(outputs) > 1 else outputs[0])
+
+    @staticmethod
+    def _store_attention(cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         plan: StorePlan, sliding: bool) -> torch.Tensor:
+        new_kv = torch.stack([k, v], dim=1)  # [tokens, 2, kv_heads, d]
+        queries = plan.to_box(q)
+        if sliding:
+            box = plan.to_box(new_kv).permute(0, 2, 3, 1, 4)  # [rows, 2, kv_heads, length, d]
+            keys = torch.cat([cache[plan.slots], box], dim=3)
+            out = _attend(queries, keys, plan.sliding_mask)
+            cache[plan.token_slots[plan.ring_tokens], :, :, plan.ring_columns] = new_kv[plan.ring_tokens]
+        else:
+            cache[plan.token_slots, :, :, plan.positions] = new_kv
+            out = _attend(queries, cache[plan.slots, :, :, :plan.global_keys], plan.global_mask)
+        return plan.from_box(out)
+
+
+def _attend(queries: torch.Tensor, keys_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """queries ``[rows, length, heads, d]``, keys_values ``[rows, 2, kv_heads, keys, d]``; scale 1 (q is
+    normed). Returns ``[rows, length, heads * d]``."""
+    keys, values = keys_values.unbind(1)
+    groups = queries.shape[2] // keys.shape[1]
+    out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=mask, scale=1.0,
+                                         enable_gqa=groups > 1)
+    return out.transpose(1, 2).reshape(queries.shape[0], queries.shape[1], -1)
