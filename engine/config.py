@@ -9,7 +9,12 @@ from typing import Any
 SCHEDULES = ("continuous", "block_sync", "static", "shrink")  # engine/scheduling/policies.py: one policy each
 CACHE_MODES = ("dual", "prefix", "none")
 DECODING_RULES = ("threshold", "quota", "factor", "factor_prefix", "dream", "low_confidence",
-                  "low_confidence_dynamic", "low_confidence_static")
+                  "low_confidence_dynamic", "low_confidence_static", "entropy_bound")
+# DiffusionGemma's canvas sampler (decoding="entropy_bound"), by transformers' names; unset: the checkpoint's
+# generation_config.json, else these (transformers' DiffusionGemmaGenerationConfig defaults)
+CANVAS_DEFAULTS = {"max_denoising_steps": 48, "entropy_bound": 0.1, "t_min": 0.4, "t_max": 0.8,
+                   "stability_threshold": 1, "confidence_threshold": 0.005}
+CANVAS_SETTINGS = tuple(CANVAS_DEFAULTS)
 QUOTA_RULES = ("quota", "low_confidence_dynamic", "low_confidence_static")  # need steps_per_block
 # LLaDA2.1's token editing (T2T) rewrites committed tokens: refused by name (see _from_dict)
 EDITING_SETTINGS = ("editing_threshold", "max_post_steps", "edit_threshold", "max_post_edit_steps")
@@ -90,6 +95,13 @@ class EngineConfig:
     # that start with the same tokens (vLLM's name); None: on where it is exact (block-causal families)
     prefix_cache_tokens: int | None = None  # tokens of keys/values the prefix cache holds (whole blocks);
     # None: max_model_len's worth
+    # decoding="entropy_bound" (DiffusionGemma), transformers' names; None: the checkpoint's, else CANVAS_DEFAULTS
+    max_denoising_steps: int | None = None  # denoising steps a canvas takes at most
+    entropy_bound: float | None = None  # accept the lowest-entropy tokens while sum - max <= this
+    t_min: float | None = None  # temperature at the last step (linear schedule from t_max)
+    t_max: float | None = None  # temperature at the first step
+    stability_threshold: int | None = None  # steps the argmax canvas must stay unchanged to stop early
+    confidence_threshold: float | None = None  # ... with its mean token entropy below this
 
     def __post_init__(self) -> None:
         if self.block_length is not None and (not isinstance(self.block_length, int) or self.block_length < 1):
@@ -143,6 +155,8 @@ class EngineConfig:
             _fail("dream_eps", f"must be in (0, 1), got {self.dream_eps!r}")
         if self.decoding == "dream" and self.steps_per_block is None:
             _fail("steps_per_block", "dream decoding needs Dream's number of steps per block")
+        for name, problem in canvas_problems(self):
+            _fail(name, problem)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
@@ -160,6 +174,23 @@ class EngineConfig:
         never over the model's maximum nor the budget."""
         widest = min(self.max_model_len or DEFAULT_MAX_MODEL_LEN, model_max_length)
         return min(widest, self.token_budget) if self.token_budget else widest
+
+
+def canvas_problems(config: EngineConfig) -> list[tuple[str, str]]:
+    """The canvas settings that are set but invalid, with why."""
+    def number(value: object) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    checks = {"max_denoising_steps": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                                      "a positive int"),
+              "entropy_bound": (lambda v: number(v) and v > 0, "a number > 0"),
+              "t_min": (lambda v: number(v) and v > 0, "a temperature > 0"),
+              "t_max": (lambda v: number(v) and v > 0, "a temperature > 0"),
+              "stability_threshold": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                                      "an int >= 0"),
+              "confidence_threshold": (lambda v: number(v) and v >= 0, "a number >= 0")}
+    return [(name, f"must be {what} or None, got {getattr(config, name)!r}") for name, (valid, what) in checks.items()
+            if getattr(config, name) is not None and not valid(getattr(config, name))]
 
 
 @dataclass(frozen=True, slots=True)

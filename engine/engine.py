@@ -12,6 +12,7 @@ import torch
 from engine.config import EngineConfig, SamplingParams
 from engine.models.loader import DiffusionLM, load_model
 from engine.models.prompts import Prompt, PromptTooLongError, encode_prompt
+from engine.runner.canvas_runner import CanvasRunner
 from engine.runner.memory import check_arena_fits
 from engine.runner.model_runner import ModelRunner
 from engine.scheduling.admission import AdmissionError, AdmissionLimits
@@ -32,7 +33,8 @@ class BlockServeEngine:
                                       self.token_budget, self.max_row_width, lm.layout)
         check_arena_fits(lm, self.config)  # before allocating: a batch that cannot fit fails by name
         self.scheduler = Scheduler(self.config, self.token_budget, self.max_row_width)
-        self.runner = ModelRunner(lm, self.config, self.max_row_width)
+        runner = CanvasRunner if lm.layout.decodes_canvases else ModelRunner
+        self.runner = runner(lm, self.config, self.max_row_width)
         self.stats_collector = StatsCollector(self.config.max_batch_size)
         self._requests: dict[str, Request] = {}
         self._early_outputs: list[RequestOutput] = []  # rejected or aborted while pending
@@ -93,6 +95,10 @@ class BlockServeEngine:
         never run (invalid settings, a row wider than the model, the token budget or max_model_len)."""
         self.limits.check_params(params)
         self.limits.check_width(len(prompt_ids), params)
+        images = sorted(set(prompt_ids) & set(self.lm.image_token_ids))
+        if images:
+            raise AdmissionError(f"the prompt holds image token(s) {images}: {self.lm.layout.family} is served text "
+                                 "only (its vision tower is not loaded)", "prompt")
 
     def _prepare(self, request: Request, prompt: Prompt) -> None:
         """Tokenize and size the request; AdmissionError if it can never run."""

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
+from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.runner.decoding import NOISE_CHUNK_ELEMENTS
@@ -45,14 +46,36 @@ class MemoryModel:
         return box_tokens * self.bytes_per_box_token + rows * self.logit_bytes_per_row + sampling
 
 
+def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
+    """DiffusionGemma: sliding layers keep a ring of ``sliding_window - 1`` columns, global layers every
+    column; a step holds each row's canvas logits, and its self-conditioning state persists per slot."""
+    model_config, dtype = lm.model.config, lm.dtype
+    slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
+    element = torch.empty((), dtype=dtype).element_size()
+    canvas = block_length_for(config, lm)
+    state = slots * canvas * (model_config.hidden_size * element + 2 * INDEX_BYTES)
+    widest_head = max(shape.num_kv_heads * shape.head_dim for shape in model_config.layers)
+    hidden, heads = model_config.hidden_size, model_config.num_heads
+    per_token = 8 * hidden + 3 * model_config.intermediate_size + heads * width + 4 * widest_head
+    per_token += model_config.experts_per_token * (3 * model_config.moe_intermediate_size + 2 * hidden)
+    return MemoryModel(
+        weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()),
+        arena_bytes=CanvasKVCache.bytes_per_slot(model_config, width, dtype) * slots + state,
+        bytes_per_box_token=element * per_token,
+        # float32 logits, their temperature-scaled copy, softmax and entropy temporaries per canvas position
+        logit_bytes_per_row=4 * 4 * canvas * model_config.vocab_size)
+
+
 def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
+    if lm.layout.decodes_canvases:
+        return canvas_memory_model(lm, config)
     model_config, dtype = lm.model.config, lm.dtype
     slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
     columns = slots * (width + 1)
     kv_bytes = KVCache.bytes_per_slot_column(model_config, dtype) * columns if config.cache != "none" else columns
     element = torch.empty((), dtype=dtype).element_size()
     block_length = block_length_for(config, lm)
-    caches_prefixes = lm.layout.stores_finished_blocks if config.enable_prefix_caching is None \
+    caches_prefixes = lm.layout.caches_prefixes if config.enable_prefix_caching is None \
         else config.enable_prefix_caching
     if caches_prefixes and config.cache != "none":  # the prefix cache's pool of whole blocks
         pool_tokens = config.prefix_cache_tokens if config.prefix_cache_tokens is not None else width

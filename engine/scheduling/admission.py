@@ -21,6 +21,18 @@ class AdmissionError(ValueError):
         self.param, self.too_long = param, too_long
 
 
+def canvas_params_problem(params: SamplingParams, family: str) -> str | None:
+    """Why a canvas model cannot honour these settings: its sampler has its own temperature schedule
+    (EngineConfig.t_min / t_max) and no per-token filters or log-probabilities."""
+    refused = {"temperature": params.temperature != 0.0, "top_k": params.top_k != 0, "top_p": params.top_p != 1.0,
+               "logit_bias": bool(params.logit_bias), "logprobs": params.logprobs is not None}
+    for name, set_ in refused.items():
+        if set_:
+            return (f"{name} is not offered for {family}: its canvas sampler draws with its own temperature "
+                    "schedule (EngineConfig t_min, t_max) and seed; leave it unset")
+    return None
+
+
 @dataclass(frozen=True)
 class AdmissionLimits:
     block_length: int
@@ -41,6 +53,8 @@ class AdmissionLimits:
         problem = params.validation_error()
         if problem:
             raise AdmissionError(problem, problem.split(" ", 1)[0])  # each message starts with its field
+        if self.layout.decodes_canvases and (problem := canvas_params_problem(params, self.layout.family)):
+            raise AdmissionError(problem, problem.split(" ", 1)[0])
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
             raise AdmissionError(f"logit_bias: token id {max(params.logit_bias)} is outside the vocabulary "
                                  f"[0, {self.vocab_size})", "logit_bias")

@@ -1,0 +1,121 @@
+"""Runs one denoising step of DiffusionGemma's canvases and owns their state. No policy.
+
+Every running row denoises its own canvas at its own step. A row that starts a canvas (admitted, or its
+last canvas just committed) first stores its new context, the prompt or that committed canvas, in the
+same forward (``engine.models.diffusion_gemma.step``). A canvas that stops early completes at that step;
+the scheduler then lets the row leave or start its next canvas at the next step, so no row waits.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import EngineConfig
+from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
+from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, StorePart
+from engine.models.loader import DiffusionLM
+from engine.runner.canvas_rule import CanvasRule, denoise, empty_history, initial_canvas
+from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
+from engine.scheduling.request import Request, first_stop
+from engine.scheduling.trace import ForwardRecord
+
+
+@dataclass
+class CanvasRow:
+    """A running request's place and draws."""
+
+    slot: int
+    generator: torch.Generator
+    pending: list[int] = field(default_factory=list)  # context to store before its next canvas
+    context: int = 0  # positions stored in its cache slot
+    steps_left: int = 0  # denoising steps its canvas may still take, this one included
+    conditioned: bool = False  # its canvas has self-conditioning from a previous step
+
+
+class CanvasRunner:
+    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int):
+        self.lm, self.model = lm, lm.model
+        self.rule = CanvasRule.from_config(config)
+        self.length = config.block_length
+        slots, device = config.max_batch_size, lm.device
+        self.cache = CanvasKVCache(self.model.config, slots, max_row_width, lm.dtype, device)
+        self.canvas = torch.zeros((slots, self.length), dtype=torch.long, device=device)
+        self.soft = torch.zeros((slots, self.length, self.model.config.hidden_size), dtype=lm.dtype, device=device)
+        self.history = empty_history(slots, self.rule, self.length, device)
+        self.free_slots = list(range(slots))
+        self.rows: dict[str, CanvasRow] = {}
+
+    @torch.no_grad()
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        for request in scheduled.admitted:
+            generator = torch.Generator(device=self.lm.device).manual_seed(request.seed)
+            self.rows[request.request_id] = CanvasRow(self.free_slots.pop(0), generator,
+                                                      pending=list(request.prompt_token_ids))
+        requests = [*scheduled.refresh, *scheduled.window]
+        if not requests:
+            return RunnerOutput(rows={}, model_time_s=0.0)
+        for request in scheduled.refresh:
+            self._start_canvas(self.rows[request.request_id])
+        started = time.perf_counter()
+        step, record = self._inputs(requests)
+        logits = self.model.forward_canvas(step, self.cache)
+        rows = self._decode([self.rows[request.request_id] for request in requests], requests, logits)
+        return RunnerOutput(rows=rows, model_time_s=time.perf_counter() - started, record=record)
+
+    def release(self, finished: list[Request]) -> None:
+        for request in finished:
+            row = self.rows.pop(request.request_id, None)
+            if row is not None:
+                self.free_slots.append(row.slot)
+
+    def _start_canvas(self, row: CanvasRow) -> None:
+        self.canvas[row.slot] = initial_canvas(row.generator, self.length, self.lm.vocab_size, self.lm.device)[0]
+        self.history[row.slot] = -1
+        row.steps_left, row.conditioned = self.rule.max_denoising_steps, False
+
+    def _inputs(self, requests: list[Request]) -> tuple[CanvasStep, ForwardRecord]:
+        rows = [self.rows[request.request_id] for request in requests]
+        storing = [row for row in rows if row.pending]
+        store = None
+        if storing:
+            tokens = torch.tensor([t for row in storing for t in row.pending], device=self.lm.device)
+            store = StorePart(tokens, tuple(row.slot for row in storing), tuple(row.context for row in storing),
+                              tuple(len(row.pending) for row in storing))
+            for row in storing:
+                row.context, row.pending = row.context + len(row.pending), []
+        slots = torch.tensor([row.slot for row in rows], device=self.lm.device)
+        soft = None
+        if any(row.conditioned for row in rows):
+            soft = self.soft[slots] * torch.tensor([row.conditioned for row in rows], device=slots.device,
+                                                   dtype=self.lm.dtype)[:, None, None]
+        decode = DecodePart(self.canvas[slots], tuple(row.slot for row in rows), tuple(row.context for row in rows),
+                            soft)
+        record = ForwardRecord(refresh_rows=len(storing), refresh_width=max(store.counts) if store else 0,
+                               window_rows=len(rows), window_tokens=self.length,
+                               window_context=max(decode.contexts) + self.length,
+                               logit_positions=len(rows) * self.length,
+                               real_tokens=sum(decode.contexts) + len(rows) * self.length,
+                               refresh_pad_tokens=len(storing) * max(store.counts) - sum(store.counts) if store else 0)
+        return CanvasStep(store, decode), record
+
+    def _decode(self, rows: list[CanvasRow], requests: list[Request], logits: torch.Tensor) -> dict[str, RowResult]:
+        slots = torch.tensor([row.slot for row in rows], device=logits.device)
+        steps_left = torch.tensor([row.steps_left for row in rows], device=logits.device)
+        result = denoise(self.rule, logits, self.canvas[slots], self.history[slots], steps_left,
+                         [row.generator for row in rows])
+        self.canvas[slots], self.history[slots] = result.canvas, result.history
+        self.soft[slots] = self.model.soft_embeddings(result.processed_logits)
+        complete = result.stopped | (steps_left <= 1)
+        host = torch.cat([result.argmax, complete[:, None]], dim=1).tolist()  # the one host sync
+        results = {}
+        for row, request, values in zip(rows, requests, host):
+            row.steps_left, row.conditioned = row.steps_left - 1, True
+            if not values[-1]:
+                results[request.request_id] = RowResult(False, None, None)
+                continue
+            tokens = values[:-1]
+            row.pending = tokens  # stored when its next canvas starts
+            results[request.request_id] = RowResult(True, first_stop(tokens, self.lm.special_ids.stop_ids), tokens)
+        return results
