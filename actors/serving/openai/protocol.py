@@ -146,8 +146,9 @@ class ChatMessage(BaseModel):
             return self.content
         for number, part in enumerate(self.content):
             if part.type != "text":
+                why = ": images are not served, this server runs its model text only" if "image" in part.type else ""
                 raise OpenAIError(f"messages.{index}.content.{number}.type: content part type "
-                                  f"{part.type!r} is not supported (only 'text')",
+                                  f"{part.type!r} is not supported (only 'text'){why}",
                                   param=f"messages.{index}.content.{number}.type",
                                   code="unsupported_parameter")
             if part.text is None:

@@ -62,6 +62,7 @@ class DiffusionGemmaTransformer(nn.Module):
         self.self_conditioning = SelfConditioning(config)
         self.embed_scale = config.hidden_size ** 0.5
         self.options = ModelOptions()
+        self.compiled = None  # runs eagerly (apply_options refuses compile)
         # per layer kind, computed on first use (a buffer would be lost by the loader's meta-device build)
         self._inverse_frequencies: dict[str, torch.Tensor] = {}
 

@@ -1,0 +1,58 @@
+"""The OpenAI routes on DiffusionGemma: the real OpenAIServer over a real EngineLoop on the tiny fixture,
+without Ray. A seeded answer equals ``engine.generate``; a stream sends one chunk per committed canvas;
+an image, or a sampling setting its canvas sampler does not take, is a 400 that says why."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actors.serving.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
+from engine import BlockServeEngine, EngineConfig, SamplingParams
+from tests.conftest import FIXTURES
+
+MODEL = "tiny-diffusion_gemma"
+ENGINE = {"max_batch_size": 4, "max_denoising_steps": 6}
+PROMPT = "the quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def server():
+    from actors.engine_loop import EngineLoop
+    from actors.serving.openai.server import OpenAIServer
+
+    engine = BlockServeEngine.from_pretrained(FIXTURES / MODEL, EngineConfig(**ENGINE))
+    loop = EngineLoop(engine).start()
+    yield OpenAIServer(loop, model_name=MODEL, default_max_tokens=16)
+    loop.stop()
+
+
+def completion(server, **fields):
+    return asyncio.run(server.completions(CompletionRequest.model_validate({"model": MODEL, "prompt": PROMPT,
+                                                                            **fields})))
+
+
+def test_a_seeded_completion_equals_engine_generate_and_a_stream_sends_each_canvas(server):
+    engine = BlockServeEngine(server.loop.engine.lm, EngineConfig(**ENGINE))
+    expected = engine.generate([PROMPT], SamplingParams(max_new_tokens=13, seed=7, stop_at_eos=False))[0]
+    answer = completion(server, max_tokens=13, seed=7, ignore_eos=True)
+    assert answer.choices[0].text == expected.text and answer.usage.completion_tokens == 13
+
+    async def collect():
+        request = CompletionRequest.model_validate({"model": MODEL, "prompt": PROMPT, "max_tokens": 13, "seed": 7,
+                                                    "ignore_eos": True, "stream": True})
+        return [event async for event in await server.completions(request)]
+
+    events = asyncio.run(collect())
+    assert events[-1] == "data: [DONE]\n\n" and len(events) - 1 == expected.num_blocks == 2  # 8 + 5 tokens
+
+
+def test_an_image_part_or_a_temperature_is_a_400_saying_why(server):
+    request = ChatCompletionRequest.model_validate({"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "x"}}]}]})
+    with pytest.raises(OpenAIError, match="images are not served") as refused:
+        asyncio.run(server.chat(request))
+    assert refused.value.status == 400
+    with pytest.raises(OpenAIError, match="temperature is not offered for diffusion_gemma") as refused:
+        completion(server, max_tokens=4, temperature=0.7)
+    assert refused.value.status == 400 and refused.value.param == "temperature"
