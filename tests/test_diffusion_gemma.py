@@ -79,7 +79,8 @@ def test_seeded_tokens_equal_transformers_generate_and_batched_equals_alone(lm, 
 
 
 def test_rows_advance_on_their_own_and_a_finished_row_frees_its_slot_at_once(lm):
-    engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2, max_denoising_steps=12, sort_pending=False, **ADAPTIVE))
+    config = EngineConfig(max_batch_size=2, max_denoising_steps=12, sort_pending=False, **ADAPTIVE)
+    engine = BlockServeEngine(lm, config)
     engine.add_request("short", SamplingParams(max_new_tokens=8, seed=1))
     engine.add_request("a longer answer", SamplingParams(max_new_tokens=32, seed=2))
     engine.add_request("waiting", SamplingParams(max_new_tokens=8, seed=3))
@@ -111,3 +112,13 @@ def test_the_canvas_settings_come_from_the_checkpoint_then_transformers(lm):
     assert config.decoding == "entropy_bound" and config.block_length == 8
     assert config.max_denoising_steps == 16  # the fixture's generation_config.json
     assert (config.entropy_bound, config.t_min, config.t_max) == (0.1, 0.4, 0.8)  # transformers' defaults
+
+
+def test_batch_invariant_bf16_gives_each_row_its_tokens_alone():
+    lm = load_model(FIXTURE, dtype="bfloat16", batch_invariant=True)
+    settings = {"max_denoising_steps": 8, **ADAPTIVE}
+    params = [SamplingParams(max_new_tokens=20, seed=seed) for seed in range(len(PROMPTS))]
+    batched = BlockServeEngine(lm, EngineConfig(max_batch_size=8, **settings)).generate(list(PROMPTS), params)
+    alone = BlockServeEngine(lm, EngineConfig(max_batch_size=1, **settings))
+    for prompt, param, output in zip(PROMPTS, params, batched):
+        assert alone.generate([prompt], param)[0].token_ids == output.token_ids

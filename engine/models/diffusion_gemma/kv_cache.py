@@ -15,14 +15,14 @@ from engine.models.diffusion_gemma.config import GemmaTextConfig
 class CanvasKVCache:
     def __init__(self, config: GemmaTextConfig, slots: int, width: int, dtype: torch.dtype,
                  device: torch.device):
-        self.ring = max(config.sliding_window - 1, 1)
+        self.ring = ring_size(config, width)
         self.width = width
         self.layers = [torch.zeros(self.layer_shape(config, index, slots, width), dtype=dtype, device=device)
                        for index in range(config.num_layers)]
 
     def layer_shape(self, config: GemmaTextConfig, index: int, slots: int, width: int) -> tuple[int, ...]:
         shape = config.layers[index]
-        columns = width if shape.kind == "global" else min(self.ring, width)
+        columns = width if shape.kind == "global" else self.ring
         return (slots, 2, shape.num_kv_heads, columns, shape.head_dim)
 
     @property
@@ -33,7 +33,11 @@ class CanvasKVCache:
     def bytes_per_slot(config: GemmaTextConfig, width: int, dtype: torch.dtype) -> int:
         """Keys and values of one slot of ``width`` columns over all layers (sliding layers: their ring)."""
         element = torch.empty((), dtype=dtype).element_size()
-        ring = max(config.sliding_window - 1, 1)
-        return sum(2 * shape.num_kv_heads * shape.head_dim * element * (width if shape.kind == "global"
-                                                                         else min(ring, width))
+        ring = ring_size(config, width)
+        return sum(2 * shape.num_kv_heads * shape.head_dim * element * (width if shape.kind == "global" else ring)
                    for shape in config.layers)
+
+
+def ring_size(config: GemmaTextConfig, width: int) -> int:
+    """Columns of a sliding layer's ring: what it can still see, never more than a row holds."""
+    return max(min(config.sliding_window - 1, width), 1)

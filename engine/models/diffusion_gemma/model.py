@@ -21,7 +21,7 @@ from engine.models.diffusion_gemma.layers import (
     SelfAttentionProjections,
     SelfConditioning,
 )
-from engine.models.diffusion_gemma.step import CanvasStep, DecodePlan, StorePlan, plan_decode, plan_store
+from engine.models.diffusion_gemma.step import CanvasStep, DecodePlan, StorePlan, each_row, plan_decode, plan_store
 from engine.models.options import ModelOptions
 
 
@@ -90,7 +90,11 @@ class DiffusionGemmaTransformer(nn.Module):
     # -- the forward -------------------------------------------------------------------------------
     def forward_canvas(self, step: CanvasStep, cache: CanvasKVCache) -> torch.Tensor | None:
         """Store the store part's tokens and run the decode part's canvases: logits ``[rows, canvas,
-        vocab]`` in float32, soft-capped, or None when no canvas ran."""
+        vocab]`` in float32, soft-capped, or None when no canvas ran. Batch-invariant mode runs each row
+        alone, as in a batch of one."""
+        if self.options.batch_invariant and step.decode is not None and step.decode.num_rows > 1:
+            logits = [self.forward_canvas(row, cache) for row in each_row(step)]
+            return torch.cat([row for row in logits if row is not None])
         ring, window = cache.ring, self.config.sliding_window
         store = plan_store(step.store, ring, window, self.dtype) if step.store is not None else None
         decode = plan_decode(step.decode, ring, self.dtype) if step.decode is not None else None
@@ -126,6 +130,8 @@ class DiffusionGemmaTransformer(nn.Module):
     def soft_embeddings(self, processed_logits: torch.Tensor) -> torch.Tensor:
         """The next step's self-conditioning input from this step's temperature-scaled logits, as the
         reference makes it: softmax in float32, cast to the model's dtype, times the scaled embeddings."""
+        if self.options.batch_invariant and processed_logits.shape[0] > 1:
+            return torch.cat([self.soft_embeddings(row) for row in processed_logits.split(1)])
         probabilities = processed_logits.to(self.dtype).softmax(dim=-1, dtype=torch.float32).to(self.dtype)
         scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(self.dtype)
         return torch.matmul(probabilities, self.embed_tokens.weight) * scale

@@ -49,6 +49,26 @@ class CanvasStep:
     decode: DecodePart | None
 
 
+def each_row(step: CanvasStep) -> list[CanvasStep]:
+    """``step`` as one step per decode row (its store included), in decode order: what batch-invariant
+    mode runs, so every kernel sees the shapes of a batch of one."""
+    stores = {}
+    if step.store is not None:
+        offsets = [0]
+        for count in step.store.counts:
+            offsets.append(offsets[-1] + count)
+        for index, slot in enumerate(step.store.slots):
+            stores[slot] = StorePart(step.store.tokens[offsets[index]:offsets[index + 1]], (slot,),
+                                     (step.store.starts[index],), (step.store.counts[index],))
+    decode = step.decode
+    steps = []
+    for index, slot in enumerate(decode.slots if decode is not None else ()):
+        soft = decode.soft_embeddings[index:index + 1] if decode.soft_embeddings is not None else None
+        steps.append(CanvasStep(stores.pop(slot, None), DecodePart(decode.tokens[index:index + 1], (slot,),
+                                                                   (decode.contexts[index],), soft)))
+    return [CanvasStep(store, None) for store in stores.values()] + steps
+
+
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
