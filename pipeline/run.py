@@ -17,7 +17,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import sys
 import time
 import uuid
@@ -29,6 +28,7 @@ import ray
 
 from pipeline import data, stats as job_stats, storage
 from pipeline.config import ConfigError, PipelineConfig, load_config
+from pipeline.failures import JobFailedError
 from pipeline.stderr_filter import benign_ray_lines_dropped
 
 logger = logging.getLogger("pipeline")
@@ -123,31 +123,6 @@ def generate(ds: ray.data.Dataset, config: PipelineConfig, num_actors: int,
     # while the rest still load, and a short job ends up on one actor
     ds.context.wait_for_min_actors_s = config.actors.startup_timeout_s
     return ds
-
-
-ROOT_CAUSE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
-
-
-class JobFailedError(RuntimeError):
-    """The dataset failed part-way; ``deaths`` are the actor deaths the registry saw until then."""
-
-    def __init__(self, error: Exception, deaths: list[dict]):
-        super().__init__(f"{_first_line(error)}{_root_cause(error)}")
-        self.error, self.deaths = error, deaths
-
-
-def _first_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {next(iter(str(error).splitlines()), '')}"
-
-
-def _root_cause(error: BaseException) -> str:
-    """`` caused by <the first exception of its chain>`` for a remote error: Ray's task errors carry the
-    actor's traceback as text, its first exception line being the cause."""
-    for line in str(error).splitlines():
-        line = line.strip()
-        if ROOT_CAUSE.match(line) and not line.startswith("ray.exceptions."):
-            return f" caused by {line}"
-    return ""
 
 
 def generate_and_write(ds: ray.data.Dataset, config: PipelineConfig, num_actors: int,

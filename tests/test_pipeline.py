@@ -293,13 +293,3 @@ def test_a_local_instance_the_job_starts_runs_its_workers_at_the_jobs_priority()
                           timeout=600)
     assert "worker niceness 0" in done.stdout, done.stdout + done.stderr
 
-
-def test_a_failed_jobs_message_names_the_remote_exception_that_caused_it():
-    from pipeline.run import JobFailedError
-
-    remote = RuntimeError("ray::MapWorker.submit() (pid=1)\nTraceback ...\n  File \"x.py\", line 3\n"
-                          "AttributeError: 'Model' object has no attribute 'compiled'\n"
-                          "ray.exceptions.UserCodeException: UDF failed to process a data block.")
-    message = str(JobFailedError(remote, []))
-    assert message.startswith("RuntimeError: ray::MapWorker.submit() (pid=1)")
-    assert message.endswith("caused by AttributeError: 'Model' object has no attribute 'compiled'")
