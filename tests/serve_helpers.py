@@ -132,3 +132,15 @@ def wait_until(condition, timeout_s: float = 60.0, what: str = "condition") -> N
 
 def sse_events(response: httpx.Response) -> list:
     return [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def openai_server_without_ray(model_dir: Path, model_name: str, engine: dict, default_max_tokens: int = 16):
+    """The real OpenAIServer over a real EngineLoop on ``model_dir``, without Ray: yields the server and
+    stops its loop after (for a module-scoped fixture)."""
+    from actors.engine_loop import EngineLoop
+    from actors.serving.openai.server import OpenAIServer
+    from engine import BlockServeEngine, EngineConfig
+
+    loop = EngineLoop(BlockServeEngine.from_pretrained(model_dir, EngineConfig(**engine))).start()
+    yield OpenAIServer(loop, model_name=model_name, default_max_tokens=default_max_tokens)
+    loop.stop()

@@ -11,6 +11,7 @@ import pytest
 from actors.serving.openai.protocol import ChatCompletionRequest, CompletionRequest
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from tests.conftest import FIXTURES
+from tests.serve_helpers import openai_server_without_ray
 
 MODEL = "tiny-sdar"
 ENGINE = {"block_length": 4, "decoding": "low_confidence_dynamic", "steps_per_block": 4, "max_batch_size": 4}
@@ -19,13 +20,7 @@ PROMPT = "the quick brown fox"  # 19 characters: the first answer block holds 3 
 
 @pytest.fixture(scope="module")
 def server():
-    from actors.engine_loop import EngineLoop
-    from actors.serving.openai.server import OpenAIServer
-
-    engine = BlockServeEngine.from_pretrained(FIXTURES / MODEL, EngineConfig(**ENGINE))
-    loop = EngineLoop(engine).start()
-    yield OpenAIServer(loop, model_name=MODEL, default_max_tokens=16)
-    loop.stop()
+    yield from openai_server_without_ray(FIXTURES / MODEL, MODEL, ENGINE)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import pytest
 from actors.serving.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from tests.conftest import FIXTURES
+from tests.serve_helpers import openai_server_without_ray
 
 MODEL = "tiny-diffusion_gemma"
 ENGINE = {"max_batch_size": 4, "max_denoising_steps": 6}
@@ -18,13 +19,7 @@ PROMPT = "the quick brown fox"
 
 @pytest.fixture(scope="module")
 def server():
-    from actors.engine_loop import EngineLoop
-    from actors.serving.openai.server import OpenAIServer
-
-    engine = BlockServeEngine.from_pretrained(FIXTURES / MODEL, EngineConfig(**ENGINE))
-    loop = EngineLoop(engine).start()
-    yield OpenAIServer(loop, model_name=MODEL, default_max_tokens=16)
-    loop.stop()
+    yield from openai_server_without_ray(FIXTURES / MODEL, MODEL, ENGINE)
 
 
 def completion(server, **fields):
