@@ -94,7 +94,7 @@ def test_rows_advance_on_their_own_and_a_finished_row_frees_its_slot_at_once(lm)
     assert joined["req-2"] < steps
 
 
-def test_an_image_prompt_and_mask_rule_settings_are_refused_by_name(lm):
+def test_an_image_prompt_and_what_the_canvas_runner_lacks_are_refused_by_name(lm):
     engine = BlockServeEngine(lm, EngineConfig(max_denoising_steps=4))
     image = lm.image_token_ids[0]
     output = engine.generate([[5, image, 6]], SamplingParams(max_new_tokens=8))[0]
@@ -105,6 +105,10 @@ def test_an_image_prompt_and_mask_rule_settings_are_refused_by_name(lm):
         BlockServeEngine(lm, EngineConfig(decoding="low_confidence"))
     with pytest.raises(ValueError, match="max_denoising_steps"):
         EngineConfig(max_denoising_steps=0)
+    with pytest.raises(ValueError, match="enable_prefix_caching"):
+        BlockServeEngine(lm, EngineConfig(enable_prefix_caching=True))
+    with pytest.raises(ValueError, match="compile"):
+        load_model(FIXTURE, compile=True)
 
 
 def test_the_canvas_settings_come_from_the_checkpoint_then_transformers(lm):
