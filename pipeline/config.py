@@ -49,6 +49,8 @@ class BucketingConfig(_Section):
     edges: list[int] | None = Field(None, description="prompt-length boundaries in tokens, strictly "
                                     "increasing; None: quantiles of the data")
     num_buckets: int = Field(4, ge=1, description="buckets when edges is None")
+    group_prefixes: bool = Field(True, description="inside a bucket, route rows that share their first 64 "
+                                 "prompt tokens together, so one actor's prefix cache serves them")
 
     @field_validator("edges")
     @classmethod

@@ -8,8 +8,8 @@ wastes little on padding. The CPU stage :func:`add_prompt_lengths` tokenizes eac
 engine will (chat template included) and records ``num_prompt_tokens``. Bucket edges come from the config
 or, given only a count, from quantiles of the measured lengths (equal-sized buckets). Then::
 
-    sort(num_prompt_tokens, boundaries=edges)   range partition: Ray block i = bucket i, rows
-                                                 sorted by length inside it
+    sort(length_bucket, prefix_group, num_prompt_tokens)   range partition: Ray block i = bucket i,
+                                                 rows sharing a prefix together, by length inside
     repartition(target_num_rows_per_block=B)     cut into batch-sized blocks (strict), order kept
 
 Ray Data hands whole blocks to the actor pool, so every batch an actor receives spans a narrow range of
@@ -18,6 +18,11 @@ the same region of the length order; inside the actor, the engine's length-sorte
 rows of its in-flight batches tighter still. The sort is an all-to-all exchange of the (small) prompt
 rows, done once before generation starts; ``bucketing.enabled: false`` skips it and streams rows in
 read order.
+
+Rows that share their first ``PREFIX_TOKENS`` tokens (a batch job's instruction, few-shot examples, a
+system prompt) sort together inside their bucket (``prefix_group``), so they reach the same actor in the
+same batches, where the engine's prefix cache stores their shared blocks once. Rows sharing nothing keep
+the length order.
 """
 from __future__ import annotations
 
@@ -38,6 +43,9 @@ FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".lz4", ".br")
 LENGTH_COLUMN = "num_prompt_tokens"
 BUCKET_COLUMN = "length_bucket"
+PREFIX_COLUMN = "prompt_prefix"  # a hash of the prompt's first PREFIX_TOKENS tokens (0: a shorter prompt)
+GROUP_COLUMN = "prefix_group"  # the prefix hash when another row shares it, else 0
+PREFIX_TOKENS = 64  # longer than a chat template's header, short of a shared instruction
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -106,24 +114,33 @@ def load_tokenizer(model: str):
     return load_from_dir(directory)
 
 
-def prompt_length(tokenizer, prompt, chat_template: bool) -> int:
-    """Tokens the engine will see; 0 for a prompt it will reject (the actor reports why)."""
+def prompt_tokens(tokenizer, prompt, chat_template: bool) -> list[int]:
+    """The tokens the engine will see; none for a prompt it will reject (the actor reports why)."""
     from engine.models.prompts import encode_prompt
 
     if chat_template and isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]
     try:
-        return len(encode_prompt(tokenizer, prompt, len(tokenizer)))
+        return list(encode_prompt(tokenizer, prompt, len(tokenizer)))
     except Exception:
+        return []
+
+
+def prefix_hash(tokens: list[int]) -> int:
+    """A stable non-zero 63-bit hash of the first PREFIX_TOKENS tokens; 0 for a prompt no longer than that."""
+    if len(tokens) <= PREFIX_TOKENS:
         return 0
+    digest = hashlib.sha1(json.dumps(tokens[:PREFIX_TOKENS]).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1 or 1
 
 
 def add_prompt_lengths(batch: pa.Table, model: str, prompt_column: str, chat_template: bool) -> pa.Table:
     tokenizer = load_tokenizer(model)
     prompts = (batch.column(prompt_column).to_pylist() if prompt_column in batch.column_names
                else [None] * batch.num_rows)
-    lengths = [prompt_length(tokenizer, prompt, chat_template) for prompt in prompts]
-    return batch.append_column(LENGTH_COLUMN, pa.array(lengths, pa.int64()))
+    tokens = [prompt_tokens(tokenizer, prompt, chat_template) for prompt in prompts]
+    batch = batch.append_column(LENGTH_COLUMN, pa.array([len(t) for t in tokens], pa.int64()))
+    return batch.append_column(PREFIX_COLUMN, pa.array([prefix_hash(t) for t in tokens], pa.int64()))
 
 
 def measure_prompts(ds: ray.data.Dataset, config: PipelineConfig) -> ray.data.Dataset:
@@ -143,13 +160,25 @@ def quantile_edges(lengths: np.ndarray, num_buckets: int) -> list[int]:
     return sorted({int(q) for q in quantiles if q > lengths.min()})
 
 
-def assign_buckets(batch: pa.Table, edges: list[int]) -> pa.Table:
+def shared_prefixes(prefixes: np.ndarray) -> list[int]:
+    """The prefix hashes more than one row has."""
+    values, counts = np.unique(prefixes[prefixes != 0], return_counts=True)
+    return values[counts > 1].tolist()
+
+
+def assign_buckets(batch: pa.Table, edges: list[int], shared: list[int] | None = None) -> pa.Table:
     lengths = batch.column(LENGTH_COLUMN).to_numpy()
-    return batch.append_column(BUCKET_COLUMN, pa.array(np.searchsorted(edges, lengths, side="right")))
+    batch = batch.append_column(BUCKET_COLUMN, pa.array(np.searchsorted(edges, lengths, side="right")))
+    prefixes = batch.column(PREFIX_COLUMN).to_numpy()
+    groups = np.where(np.isin(prefixes, shared or []), prefixes, 0)
+    return batch.append_column(GROUP_COLUMN, pa.array(groups, pa.int64()))
 
 
-def route_by_length(ds: ray.data.Dataset, edges: list[int], batch_size: int) -> ray.data.Dataset:
-    """Rows grouped into length buckets, one batch-sized block at a time (see the module docstring)."""
-    ds = ds.map_batches(assign_buckets, fn_kwargs={"edges": edges}, batch_format="pyarrow")
-    ds = ds.sort(LENGTH_COLUMN, boundaries=edges or None)
+def route_by_length(ds: ray.data.Dataset, edges: list[int], batch_size: int,
+                    shared: list[int] | None = None) -> ray.data.Dataset:
+    """Rows grouped into length buckets, a shared prefix's rows together inside theirs, one batch-sized
+    block at a time (see the module docstring)."""
+    ds = ds.map_batches(assign_buckets, fn_kwargs={"edges": edges, "shared": shared}, batch_format="pyarrow")
+    buckets = list(range(1, len(edges) + 1))  # block i holds bucket i
+    ds = ds.sort([BUCKET_COLUMN, GROUP_COLUMN, LENGTH_COLUMN], boundaries=buckets or None)
     return ds.repartition(target_num_rows_per_block=batch_size, strict=True)

@@ -83,12 +83,14 @@ def prepare(config: PipelineConfig, done_ids) -> ray.data.Dataset:
         options.preserve_order = keep_order
 
 
-def bucket_edges(config: PipelineConfig, prepared) -> list[int]:
-    if config.bucketing.edges is not None:
-        return config.bucketing.edges
-    batches = prepared.select_columns([data.LENGTH_COLUMN]).iter_batches(batch_format="numpy")
-    lengths = np.concatenate([b[data.LENGTH_COLUMN] for b in batches] or [np.zeros(0, int)])
-    return data.quantile_edges(lengths, config.bucketing.num_buckets)
+def bucket_edges(config: PipelineConfig, prepared) -> tuple[list[int], list[int]]:
+    """The length buckets' edges, and the prompt prefixes more than one row shares."""
+    columns = [data.LENGTH_COLUMN, data.PREFIX_COLUMN]
+    batches = list(prepared.select_columns(columns).iter_batches(batch_format="numpy"))
+    lengths, prefixes = (np.concatenate([b[column] for b in batches] or [np.zeros(0, int)]) for column in columns)
+    edges = config.bucketing.edges
+    shared = data.shared_prefixes(prefixes) if config.bucketing.group_prefixes else []
+    return edges if edges is not None else data.quantile_edges(lengths, config.bucketing.num_buckets), shared
 
 
 def processor_config(config: PipelineConfig, num_actors: int, registry_name: str):
@@ -165,9 +167,9 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     rows_todo = prepared.count()
     if rows_todo == 0:
         return None
-    edges = bucket_edges(config, prepared) if config.bucketing.enabled else []
+    edges, shared = bucket_edges(config, prepared) if config.bucketing.enabled else ([], [])
     if config.bucketing.enabled:
-        ds = data.route_by_length(prepared, edges, config.actors.batch_size)
+        ds = data.route_by_length(prepared, edges, config.actors.batch_size, shared)
     else:
         ds = prepared.repartition(target_num_rows_per_block=config.actors.batch_size, strict=True)
     # the sort is a barrier anyway; finishing it first puts every batch in the object store before the
@@ -180,7 +182,8 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     finally:
         options.preserve_order = keep_order
     num_actors = number_of_actors(config, -(-rows_todo // config.actors.batch_size))
-    logger.info("%d rows to generate, length buckets at %s tokens, %d actor(s)", rows_todo, edges, num_actors)
+    logger.info("%d rows to generate, length buckets at %s tokens, %d shared prompt prefix(es), %d actor(s)",
+                rows_todo, edges, len(shared), num_actors)
 
     wall_s, snapshots, deaths = generate_and_write(ds, config, num_actors, outputs_dir)
     written = storage.read_column(outputs_dir, config.id_column)
@@ -189,6 +192,7 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     result["run"] = {
         "config": config_path, "input": config.input, "output": config.output, "model": config.model,
         "rows_already_done": len(done_ids), "rows_generated": rows_todo, "bucket_edges": edges,
+        "shared_prefixes": len(shared),
         "output_rows": len(written), "output_unique_ids": len(set(written.to_pylist())),
         "wall_s": wall_s, "finished_at": time.time(), "settings": config.model_dump(mode="json")}
     storage.write_bytes(storage.join(config.output, "stats.json"), json.dumps(result, indent=2).encode())

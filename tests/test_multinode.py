@@ -86,11 +86,11 @@ def rows_in_length_groups(model: Path) -> tuple[list[dict], list[int]]:
     the job will measure: the config's chat template setting, this model's tokenizer) than any of the
     group before; returned in demo order, with each row's prompt length."""
     from pipeline.config import load_config
-    from pipeline.data import load_tokenizer, prompt_length
+    from pipeline.data import load_tokenizer, prompt_tokens
 
     tokenizer, chat = load_tokenizer(str(model)), load_config(TINY_CONFIG).chat_template
     candidates = demo_rows(160)
-    length = {r["id"]: prompt_length(tokenizer, r["prompt"], chat) for r in candidates}
+    length = {r["id"]: len(prompt_tokens(tokenizer, r["prompt"], chat)) for r in candidates}
     by_length = sorted(candidates, key=lambda r: length[r["id"]])
     per_group, chosen, longest = ROWS // NUM_BUCKETS, set(), 0
     for start in np.linspace(0, len(by_length) - per_group, NUM_BUCKETS).astype(int):  # spread out
