@@ -58,9 +58,10 @@ def bucket(value: int, cap: int, buckets: tuple[int, ...] | None = None) -> int:
     return min(next((b for b in buckets if b >= value), value), cap)
 
 
+@functools.cache
 def max_graphs(max_rows: int, width: int) -> int:
-    """How many graphs a run can compile at most: row buckets x (refresh widths + window contexts x
-    window lengths), for rows up to ``max_rows`` in a cache of ``width`` columns."""
+    """How many graphs a run can compile at most: row buckets x (refresh widths + window contexts x window
+    lengths), for rows up to ``max_rows`` in a cache of ``width`` columns (cached: asked at every forward)."""
     rows = len({bucket(n, max_rows) for n in range(1, max_rows + 1)})
     widths = len({bucket(w, width, WIDTH_BUCKETS) for w in range(1, width + 1)}
                  | {bucket(w, 1 << 30, WIDTH_BUCKETS) for w in range(1, width + 1)})
@@ -203,8 +204,7 @@ class CompiledForward:
         return "window", rows, length, context
 
     def _refresh_shape(self, part: RefreshPart, kv_cache: KVCache | None) -> tuple[int, int, int]:
-        """Bucketed rows and width of a refresh part, and the columns added on its left."""
-        rows, length = part.tokens.shape
+        rows, length = part.tokens.shape  # bucketed rows and width, and the columns added on the left
         padded_rows = bucket(rows, row_cap(part, kv_cache))
         padded_length = bucket(length, kv_cache.width if part.slots is not None else 1 << 30, WIDTH_BUCKETS)
         if part.block_causal:  # left-aligned rows: the box grows on the right
