@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
-from engine.models import ModelOptions, load_model
+from engine.models import ModelOptions, compiled as compiled_module, load_model
 from engine.models.compiled import bucket, max_graphs
 from engine.models.loader import apply_model_options
 from engine.models.transformer import BidirectionalTransformer
@@ -97,6 +97,57 @@ def test_compile_is_an_option_of_the_loaded_model_and_every_engine_on_it_runs_it
     assert eager.model.compiled is None
     with pytest.raises(TypeError, match="compile"):
         EngineConfig(compile=True)
+
+
+def recorded_calls(lm, workload) -> list[tuple[tuple, tuple]]:
+    """Each compiled forward call of a run: its bucketed shape (window or not, rows, length, keys) and,
+    per input tensor, its address and shape."""
+    forward = lm.model.compiled
+    graph, calls = forward.forward, []
+
+    def recording(model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns, rows,
+                  length, context_rows, *rest):
+        inputs = (tokens, positions, key_mask, key_positions, write_slots, write_columns)
+        calls.append(((context_rows > 0, rows, length, key_mask.shape[1]),
+                      tuple(None if t is None else (t.data_ptr(), tuple(t.shape)) for t in inputs)))
+        return graph(model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns, rows,
+                     length, context_rows, *rest)
+
+    forward.forward = recording
+    try:
+        BlockServeEngine(lm, EngineConfig(max_batch_size=2)).generate(*workload)
+    finally:
+        forward.forward = graph
+    return calls
+
+
+def test_every_step_of_a_compiled_shape_reads_the_same_input_buffers_of_the_buckets_shape(compiled_run, workload):
+    """The static-shape contract a captured graph replays on: one set of input tensors per bucketed
+    shape, refilled in place at every step, each of the bucket's shape (rows x length, rows x keys)."""
+    lm, _, _ = compiled_run
+    calls = recorded_calls(lm, workload)
+    buffers: dict[tuple, set] = {}
+    for shape, inputs in calls:
+        buffers.setdefault(shape, set()).add(inputs)
+    assert len(calls) > 2 * len(buffers)  # shapes repeat across steps
+    assert all(len(sets) == 1 for sets in buffers.values())
+    for (_, rows, length, keys), (inputs,) in buffers.items():
+        tokens, positions, key_mask, _, write_slots, write_columns = inputs
+        assert tokens[1] == positions[1] == write_columns[1] == (rows, length)
+        assert key_mask[1] == (rows, keys) and write_slots[1] == (rows, 1)
+    addresses = [{address for address, _ in filter(None, inputs)} for (inputs,) in buffers.values()]
+    assert len(set().union(*addresses)) == sum(map(len, addresses))  # no two graphs share a buffer
+
+
+def test_a_compiled_step_buckets_its_shapes_in_a_few_calls_not_one_per_width(compiled_run, workload, monkeypatch):
+    """Host work of a compiled step stays off the cache's width: how many graphs a run may compile is
+    counted once per shape of the run, not at every forward (thousands of bucket calls a step)."""
+    lm, _, _ = compiled_run
+    calls = []
+    monkeypatch.setattr(compiled_module, "bucket", lambda *args: calls.append(args) or bucket(*args))
+    engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2))
+    engine.generate(*workload)
+    assert 0 < len(calls) <= 8 * engine.stats().denoise_steps
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")

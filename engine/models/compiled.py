@@ -35,6 +35,7 @@ import threading
 
 import torch
 
+from engine.models.compiled_inputs import BucketInputs, StaticInputs, fill
 from engine.models.kv_cache import KVCache
 from engine.models.layers import rotary_tables
 from engine.models.packed_step import PartPlan, StepPlan, additive_mask, block_causal_mask, rotary_dtype
@@ -161,6 +162,7 @@ class CompiledForward:
         self.nested_layers = moe is None  # see the module docstring
         self.static_caches: set[int] = set()
         self.shapes: set[tuple] = set()  # the bucketed shapes compiled so far: one graph each
+        self.inputs = StaticInputs({})  # each shape's input buffers, refilled at every step
         self.eager_shapes: dict[tuple, str] = {}  # shapes whose compilation failed -> the cause
 
     def forward_step(self, refresh: RefreshPart | None, window: WindowPart | None,
@@ -229,20 +231,19 @@ class CompiledForward:
     def _refresh(self, part: RefreshPart, kv_cache: KVCache | None) -> torch.Tensor:
         rows, length = part.tokens.shape
         padded_rows, padded_length, grow = self._refresh_shape(part, kv_cache)
-        tokens = _pad(part.tokens, padded_rows, grow, 0, padded_length)
-        positions = _pad(part.positions, padded_rows, grow, 0, padded_length)
-        key_mask = _pad(part.key_mask, padded_rows, grow, False, padded_length)
-        key_mask[rows:, -1] = True  # a padding row sees one key: finite, and dropped
-        write_slots = write_columns = None
-        if part.slots is not None:  # columns past a left-aligned box are canvas its rows rewrite before reading
-            write_slots = _pad(part.slots[:, None], padded_rows, 0, 0)
+        writes = part.slots is not None
+        inputs = self.inputs.get(("refresh", padded_rows, padded_length, padded_length, writes, part.block_causal),
+                                 part.tokens.device)
+        fill(inputs.tokens, part.tokens, 0, grow)
+        fill(inputs.positions, part.positions, 0, grow)
+        fill(inputs.key_mask, part.key_mask, False, grow)[rows:, -1] = True  # padding rows: one key, dropped
+        if writes:  # columns past a left-aligned box are canvas its rows rewrite before reading
+            fill(inputs.write_slots, part.slots[:, None], 0)
             first = part.first_column - grow
-            columns = torch.arange(first, first + padded_length, device=tokens.device)
-            write_columns = columns.expand(padded_rows, -1).clone()
-            write_columns[rows:] = kv_cache.width  # padding rows write the scratch column only
-        x = self._layers(tokens, positions, key_mask, positions, kv_cache if part.slots is not None else None,
-                         write_slots, write_columns, padded_rows, padded_length, (0, 0, 0), part.block_size,
-                         "refresh")
+            inputs.write_columns[:rows] = torch.arange(first, first + padded_length, device=part.tokens.device)
+            inputs.write_columns[rows:] = kv_cache.width  # padding rows write the scratch column only
+        x = self._layers(inputs, inputs.positions, kv_cache if writes else None, padded_rows, padded_length,
+                         (0, 0, 0), part.block_size, "refresh")
         hidden = x.view(padded_rows, padded_length, -1)[:rows, grow:grow + length]
         return self._read(part, hidden)
 
@@ -250,33 +251,35 @@ class CompiledForward:
         rows, length = part.tokens.shape
         padded_rows, padded_length, context = self._window_shape(part, kv_cache)
         start, end = (0, context) if part.block_causal else (kv_cache.width - context, kv_cache.width)
-        tokens = _pad(part.tokens, padded_rows, 0, 0, padded_length)
-        positions = _pad(part.positions, padded_rows, 0, 0, padded_length)
-        write_slots = torch.arange(padded_rows, device=tokens.device)[:, None]
-        write_columns = _pad(part.columns, padded_rows, 0, kv_cache.width, padded_length)  # pads: scratch
-        key_mask = kv_cache.key_mask[:padded_rows, start:end].clone()
-        key_positions = None
+        inputs = self.inputs.get(("window", padded_rows, padded_length, context, True, part.block_causal),
+                                 part.tokens.device)
+        fill(inputs.tokens, part.tokens, 0)
+        fill(inputs.positions, part.positions, 0)
+        fill(inputs.write_columns, part.columns, kv_cache.width)  # padding: the scratch column
+        key_mask = inputs.key_mask
+        key_mask.copy_(kv_cache.key_mask[:padded_rows, start:end])
         if part.block_causal:  # columns past the rows' active blocks are never keys
             key_mask[:, part.context_end:] = False
-            key_positions = _pad(part.key_positions, padded_rows, 0, 0, context)
+            fill(inputs.key_positions, part.key_positions, 0)
         key_mask[rows:] = False
         key_mask[rows:, 0 if part.block_causal else -1] = True  # padding rows see one key, are dropped
-        x = self._layers(tokens, positions, key_mask, key_positions, kv_cache, write_slots, write_columns,
-                         padded_rows, padded_length, (padded_rows, start, end), part.block_size, "window")
+        x = self._layers(inputs, inputs.key_positions, kv_cache, padded_rows, padded_length,
+                         (padded_rows, start, end), part.block_size, "window")
         return self._read(part, x.view(padded_rows, padded_length, -1)[:rows])
 
-    def _layers(self, tokens, positions, key_mask, key_positions, kv_cache, write_slots, write_columns, rows,
-                length, context: tuple[int, int, int], block_size: int | None, kind) -> torch.Tensor:
+    def _layers(self, inputs: BucketInputs, key_positions: torch.Tensor | None, kv_cache: KVCache | None,
+                rows: int, length: int, context: tuple[int, int, int], block_size: int | None, kind) -> torch.Tensor:
         """``context``: (rows, first column, end column) of the cache a window reads; (0, 0, 0): none."""
-        self.shapes.add((kind, rows, length, key_mask.shape[1]))
+        self.shapes.add((kind, rows, length, inputs.key_mask.shape[1]))
         kv = kv_cache.data if kv_cache is not None else None
         if self.cuda_graphs:
             if kv is not None and id(kv) not in self.static_caches:
                 torch._dynamo.mark_static_address(kv)  # captured graphs write the cache in place
                 self.static_caches.add(id(kv))
             torch.compiler.cudagraph_mark_step_begin()  # earlier outputs were copied out (see _read)
-        return self.forward(self.model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns,
-                            rows, length, *context, block_size, self.nested_layers)
+        return self.forward(self.model, inputs.tokens, inputs.positions, inputs.key_mask, key_positions, kv,
+                            inputs.write_slots, inputs.write_columns, rows, length, *context, block_size,
+                            self.nested_layers)
 
     def _read(self, part: RefreshPart | WindowPart, hidden: torch.Tensor) -> torch.Tensor:
         """The part's hidden states, as a tensor of its own (a captured graph's output is overwritten
@@ -288,13 +291,3 @@ class CompiledForward:
     def num_graphs(self) -> int:
         return len(self.shapes)
 
-
-def _pad(tensor: torch.Tensor, rows: int, left: int, value, width: int | None = None) -> torch.Tensor:
-    """``tensor`` [r, n] padded to ``[rows, width]``: rows below, ``left`` columns on the left, the
-    rest (``width`` - left - n) on the right."""
-    width = width or left + tensor.shape[1]
-    if rows == tensor.shape[0] and width == tensor.shape[1]:
-        return tensor
-    out = tensor.new_full((rows, width), value)
-    out[:tensor.shape[0], left:left + tensor.shape[1]] = tensor
-    return out
