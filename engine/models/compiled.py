@@ -91,13 +91,13 @@ def raise_recompile_limits(graphs: int) -> None:
     _thread_limits.graphs = graphs
 
 
-def _layer(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns,
-           rows: int, length: int, context_rows: int, context_start: int, context_end: int) -> torch.Tensor:
+def _layer(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns, rows: int, length: int,
+           context_rows: int, context_start: int, context_end: int, write_as_op: bool = False) -> torch.Tensor:
     """One layer over one part (``rows`` x ``length`` tokens), as eager runs it: ``context_rows`` 0, the
     part attends to its own keys; else to cache slots ``[0, context_rows)``, ``[context_start, context_end)``."""
     write = (write_slots, slice(None), slice(None), write_columns) if kv_layer is not None else None
     context = (kv_layer[:context_rows, :, :, context_start:context_end],) if context_rows else None
-    plan = StepPlan([PartPlan(rows, length, 0, mask, write, context)], cos, signed_sin, (kv_layer,))
+    plan = StepPlan([PartPlan(rows, length, 0, mask, write, context)], cos, signed_sin, (kv_layer,), write_as_op)
     return layer(x, plan, 0)
 
 
@@ -116,10 +116,10 @@ def _forward(model, tokens, positions, key_mask, key_positions, kv, write_slots,
     mask = (additive_mask(key_mask, model.dtype) if block_size is None else
             block_causal_mask(key_mask, positions, key_positions, block_size, model.dtype))
     x = model.embed(tokens.reshape(-1))
-    run_layer = _layer_region if nested_layers else _layer
+    run_layer = _layer_region if nested_layers else functools.partial(_layer, write_as_op=True)
     for index, layer in enumerate(model.layers):
         x = run_layer(layer, x, cos, signed_sin, mask, kv[index] if kv is not None else None,
-                   write_slots, write_columns, rows, length, context_rows, context_start, context_end)
+                      write_slots, write_columns, rows, length, context_rows, context_start, context_end)
     return x
 
 

@@ -9,6 +9,25 @@ import torch
 from engine.models.config import TransformerConfig
 
 
+@torch.library.custom_op("blockserve::write_kv", mutates_args=("layer",))
+def write_kv(layer: torch.Tensor, slots: torch.Tensor, columns: torch.Tensor, new_kv: torch.Tensor) -> None:
+    """``layer[slots, :, :, columns] = new_kv`` as one in-place operation of a compiled graph. Traced as
+    an index assignment into a view of the cache, a graph that is not one nested layer region (LLaDA2's
+    layers) copies the whole layer's cache around each write; declared as mutating its input, the
+    write stays a scatter into the cache's own storage."""
+    layer[slots, :, :, columns] = new_kv
+
+
+def write_layer(layer: torch.Tensor, index: tuple, new_kv: torch.Tensor, as_op: bool = False) -> None:
+    """Write a part's keys/values ``new_kv`` into one layer's cache at ``index`` (slots, :, :, columns),
+    through :func:`write_kv` when ``as_op`` (a compiled graph of unrolled layers; a nested layer region
+    keeps its index assignment in place already, and inductor refuses the op there)."""
+    if as_op:
+        write_kv(layer, index[0], index[3], new_kv)
+    else:
+        layer[index] = new_kv
+
+
 class KVCache:
     """Preallocated keys/values of every layer in one tensor, :attr:`data`
     ``[layers, slots, 2 (key, value), kv_heads, width + 1, head_dim]``, written in place.

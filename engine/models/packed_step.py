@@ -65,6 +65,7 @@ class StepPlan:
     cos: torch.Tensor  # [tokens, 1, head_dim]
     signed_sin: torch.Tensor
     layers: tuple[torch.Tensor, ...] | None  # the cache's per-layer tensors
+    write_as_op: bool = False  # cache writes through engine.models.kv_cache.write_kv (compiled, unrolled)
 
     @property
     def num_tokens(self) -> int:
