@@ -106,13 +106,11 @@ _layer_region = torch.compiler.nested_compile_region(_layer)
 
 def _forward(model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns,
              rows: int, length: int, context_rows: int, context_start: int, context_end: int,
-             block_size: int | None, nested_layers: bool) -> torch.Tensor:
+             block_size: int | None, nested_layers: bool, tables: tuple | None = None) -> torch.Tensor:
     """Embedding, rotary tables, mask and every layer of one bucketed part: ``[rows * length, hidden]``
     (block-causal masks from the queries' and keys' positions when ``block_size`` is set); the layers
-    one nested compile region when ``nested_layers``."""
-    config = model.config
-    cos, signed_sin = rotary_tables(positions.reshape(-1), config.rotary_dim, config.rope_theta,
-                                    rotary_dtype(model.dtype, config.rope_full_precision))
+    one nested compile region when ``nested_layers``, else unrolled, with the rotary ``tables`` given."""
+    cos, signed_sin = tables if tables is not None else _tables(model, positions)
     mask = (additive_mask(key_mask, model.dtype) if block_size is None else
             block_causal_mask(key_mask, positions, key_positions, block_size, model.dtype))
     x = model.embed(tokens.reshape(-1))
@@ -121,6 +119,14 @@ def _forward(model, tokens, positions, key_mask, key_positions, kv, write_slots,
         x = run_layer(layer, x, cos, signed_sin, mask, kv[index] if kv is not None else None,
                       write_slots, write_columns, rows, length, context_rows, context_start, context_end)
     return x
+
+
+def _tables(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary tables of a part's positions. Unrolled layers get them computed before the graph:
+    inside it, inductor would fuse their sines and cosines into every layer's kernels, once a layer."""
+    config = model.config
+    return rotary_tables(positions.reshape(-1), config.rotary_dim, config.rope_theta,
+                         rotary_dtype(model.dtype, config.rope_full_precision))
 
 
 _LATER_LAYER = re.compile(r"\['layers'\]\._modules\['[1-9][0-9]*'\]")
@@ -279,7 +285,7 @@ class CompiledForward:
             torch.compiler.cudagraph_mark_step_begin()  # earlier outputs were copied out (see _read)
         return self.forward(self.model, inputs.tokens, inputs.positions, inputs.key_mask, key_positions, kv,
                             inputs.write_slots, inputs.write_columns, rows, length, *context, block_size,
-                            self.nested_layers)
+                            self.nested_layers, None if self.nested_layers else _tables(self.model, inputs.positions))
 
     def _read(self, part: RefreshPart | WindowPart, hidden: torch.Tensor) -> torch.Tensor:
         """The part's hidden states, as a tensor of its own (a captured graph's output is overwritten
