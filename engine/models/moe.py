@@ -76,6 +76,7 @@ class Router(nn.Module):
     def __init__(self, hidden_size: int, num_experts: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32))
+        nn.init.normal_(self.weight, std=hidden_size ** -0.5)  # a model built with random weights
         self.register_buffer("expert_bias", torch.zeros(num_experts, dtype=torch.float32))
 
     def _apply(self, fn, recurse=True):
@@ -108,6 +109,10 @@ class StackedExperts(nn.Module):
         self.intermediate_size = intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        # random weights for a model built without a checkpoint (the loader builds on the meta device,
+        # where this is free); left empty they held whatever memory held, NaNs and denormals included
+        nn.init.normal_(self.gate_up_proj, std=hidden_size ** -0.5)
+        nn.init.normal_(self.down_proj, std=intermediate_size ** -0.5)
 
     def checkpoint_views(self, prefix: str) -> dict[str, torch.Tensor]:
         views = {}
