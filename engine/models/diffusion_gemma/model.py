@@ -21,7 +21,7 @@ from engine.models.diffusion_gemma.layers import (
     SelfAttentionProjections,
     SelfConditioning,
 )
-from engine.models.diffusion_gemma.step import CanvasStep, DecodePlan, StorePlan, each_row, plan_decode, plan_store
+from engine.models.diffusion_gemma.step import CanvasStep, DecodePlan, StorePlan, plan_decode, plan_store, split_by_row
 from engine.models.options import ModelOptions
 
 
@@ -93,7 +93,7 @@ class DiffusionGemmaTransformer(nn.Module):
         vocab]`` in float32, soft-capped, or None when no canvas ran. Batch-invariant mode runs each row
         alone, as in a batch of one."""
         if self.options.batch_invariant and step.decode is not None and step.decode.num_rows > 1:
-            logits = [self.forward_canvas(row, cache) for row in each_row(step)]
+            logits = [self.forward_canvas(row, cache) for row in split_by_row(step)]
             return torch.cat([row for row in logits if row is not None])
         ring, window = cache.ring, self.config.sliding_window
         store = plan_store(step.store, ring, window, self.dtype) if step.store is not None else None

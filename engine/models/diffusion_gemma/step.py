@@ -49,7 +49,7 @@ class CanvasStep:
     decode: DecodePart | None
 
 
-def each_row(step: CanvasStep) -> list[CanvasStep]:
+def split_by_row(step: CanvasStep) -> list[CanvasStep]:
     """``step`` as one step per decode row (its store included), in decode order: what batch-invariant
     mode runs, so every kernel sees the shapes of a batch of one."""
     stores = {}
