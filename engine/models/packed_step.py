@@ -76,9 +76,15 @@ class StepPlan:
         return tuple(span for part in self.parts for span in part.token_spans)
 
 
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool -> 0 where True, -inf where False, in ``dtype`` (one pass: a third of ``to`` then ``log_``)."""
+    mask = torch.where(allowed, 0.0, float("-inf"))
+    return mask if mask.dtype == dtype else mask.to(dtype)
+
+
 def additive_mask(key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool ``[rows, keys]`` -> ``[rows, 1, 1, keys]`` of 0 (log 1) and -inf (log 0), in ``dtype``."""
-    return key_mask.to(dtype).log_()[:, None, None, :]
+    """bool ``[rows, keys]`` -> ``[rows, 1, 1, keys]`` of 0 and -inf, in ``dtype``."""
+    return additive(key_mask, dtype)[:, None, None, :]
 
 
 def block_causal_mask(key_mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor,
@@ -92,7 +98,7 @@ def block_causal_mask(key_mask: torch.Tensor, query_positions: torch.Tensor, key
     key_blocks = torch.div(key_positions, block_size, rounding_mode="floor")[:, None, :]
     allowed = key_mask[:, None, :] & (key_blocks <= query_blocks)
     allowed |= ~allowed.any(-1, keepdim=True) & key_mask[:, None, :]
-    return allowed.to(dtype).log_()[:, None]
+    return additive(allowed, dtype)[:, None]
 
 
 def plan_step(refresh: RefreshPart | None, window: WindowPart | None, kv_cache: KVCache | None,
