@@ -32,9 +32,11 @@ class BlockServeEngine:
         self.limits = AdmissionLimits(self.config.block_length, lm.vocab_size, lm.max_length,
                                       self.token_budget, self.max_row_width, lm.layout)
         check_arena_fits(lm, self.config)  # before allocating: a batch that cannot fit fails by name
-        self.scheduler = Scheduler(self.config, self.token_budget, self.max_row_width)
         runner = CanvasRunner if lm.layout.decodes_canvases else ModelRunner
         self.runner = runner(lm, self.config, self.max_row_width)
+        prefix_cache = getattr(self.runner, "prefix_cache", None)
+        self.scheduler = Scheduler(self.config, self.token_budget, self.max_row_width,
+                                   prefix_cache.index if prefix_cache is not None else None)
         self.stats_collector = StatsCollector(self.config.max_batch_size)
         self._requests: dict[str, Request] = {}
         self._early_outputs: list[RequestOutput] = []  # rejected or aborted while pending

@@ -49,12 +49,30 @@ def test_answers_are_identical_with_the_cache_on_and_off(lm, max_batch_size):
     assert forwarded[1] < forwarded[0]
 
 
-def test_requests_admitted_with_the_prefixs_first_owner_compute_it_themselves(lm):
+def test_requests_arriving_with_a_prefixs_first_owner_wait_one_step_and_read_it(lm):
     prompts = shared_instruction(lm, 24)
     engine, outputs = run(lm, prompts, caching=True, max_batch_size=16)
+    _, without = run(lm, prompts, caching=False, max_batch_size=16)
     whole_instruction_blocks = 70 // engine.config.block_length * engine.config.block_length
-    # 16 rows join at the first step and prefill the instruction each; the 8 that join later read it
+    # one row prefills the instruction at the first step; the 15 that arrived with it wait that step
+    assert sorted(o.num_cached_tokens for o in outputs) == [0] + [whole_instruction_blocks] * 23
+    assert engine.scheduler.prefix_waits == 15
+    assert [record.rows for record in list(engine.stats_collector.trace)[:2]] == [1, 16]
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in without]
+
+
+def test_a_shared_run_under_64_tokens_is_computed_again_rather_than_waited_for(lm):
+    prompts = shared_instruction(lm, 24, instruction=40)
+    engine, outputs = run(lm, prompts, caching=True, max_batch_size=16)
+    whole_instruction_blocks = 40 // engine.config.block_length * engine.config.block_length
+    assert engine.scheduler.prefix_waits == 0
     assert sorted(o.num_cached_tokens for o in outputs) == [0] * 16 + [whole_instruction_blocks] * 8
+
+
+def test_block_synchronous_admission_never_holds_a_request_back_for_a_prefix(lm):
+    engine, outputs = run(lm, shared_instruction(lm, 24), caching=True, max_batch_size=16, schedule="block_sync")
+    assert engine.scheduler.prefix_waits == 0
+    assert sorted(o.num_cached_tokens for o in outputs)[:16] == [0] * 16
 
 
 def test_the_prompts_last_partial_block_is_never_taken_from_the_cache(lm):

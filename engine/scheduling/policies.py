@@ -40,6 +40,8 @@ class SchedulerState(Protocol):
 
 
 class Policy(Protocol):
+    admits_every_step: bool  # so a request may wait one step for a prefix that a row joining computes
+
     def queue_key(self, request: Request) -> tuple[int, int]: ...
 
     def admit(self, state: SchedulerState, now: float) -> list[Request]: ...
@@ -53,6 +55,8 @@ class Policy(Protocol):
 
 class Continuous:
     """Rows advance on their own; admission at every step."""
+
+    admits_every_step = True
 
     def __init__(self, config: EngineConfig):
         self.sort_pending = config.sort_pending
@@ -75,6 +79,8 @@ class Continuous:
 
 class BlockSync(Continuous):
     """Rows join, leave and start blocks together, at block boundaries."""
+
+    admits_every_step = False
 
     def admit(self, state: SchedulerState, now: float) -> list[Request]:
         return state.admit_into_box(now) if state.at_block_boundary else []

@@ -29,6 +29,16 @@ class CachedBlock:
     number: int = field(default_factory=_numbers.__next__)  # identity in the chain's keys and the heap
 
 
+def chain_keys(tokens: Sequence[int], num_blocks: int, block_length: int) -> tuple[int, ...]:
+    """A key for each of ``tokens``' first ``num_blocks`` blocks that names the block and every block
+    before it. Equal keys almost surely mean an equal run; a collision may only delay a request."""
+    keys, key = [], 0
+    for start in range(0, num_blocks * block_length, block_length):
+        key = hash((key, tuple(tokens[start:start + block_length])))
+        keys.append(key)
+    return tuple(keys)
+
+
 class PrefixIndex:
     def __init__(self, capacity: int, block_length: int):
         self.capacity, self.block_length = capacity, block_length
@@ -43,13 +53,22 @@ class PrefixIndex:
 
     def match(self, tokens: Sequence[int], max_blocks: int) -> list[CachedBlock]:
         """The cached blocks that ``tokens`` start with, at most ``max_blocks``; each counts as used now."""
+        found = self._longest_run(tokens, max_blocks)
+        for block in found:
+            self._touch(block)
+        return found
+
+    def num_cached(self, tokens: Sequence[int], max_blocks: int) -> int:
+        """How many of ``tokens``' first ``max_blocks`` blocks are cached, without using them."""
+        return len(self._longest_run(tokens, max_blocks))
+
+    def _longest_run(self, tokens: Sequence[int], max_blocks: int) -> list[CachedBlock]:
         found: list[CachedBlock] = []
         parent = None
         for depth in range(max_blocks):
             block = self._blocks.get((self._key(parent), self._run(tokens, depth)))
             if block is None:
                 break
-            self._touch(block)
             found.append(block)
             parent = block
         return found
@@ -125,3 +144,4 @@ class PrefixIndex:
     @staticmethod
     def _key(parent: CachedBlock | None) -> int:
         return -1 if parent is None else parent.number
+

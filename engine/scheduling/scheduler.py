@@ -4,8 +4,10 @@ The schedule's own rules live in ``engine.scheduling.policies``, one small objec
 the queues and the two ways to admit. Budget admission (``admit_into_box``) first takes requests whose
 row fits the current bounding box's width. Then it widens the box while ``rows x widest row <=
 token_budget`` holds. A request pending longer than ``max_wait_s`` is admitted first, even if the box
-must grow; until it fits, nobody else joins (aging: no starvation). A fresh batch
-(``admit_fresh_batch``) shares one canvas, the largest of its requests.
+must grow; until it fits, nobody else joins (aging: no starvation). With a prefix cache and a schedule
+that admits at every step, a request whose prompt shares a long uncached run with a row admitted in
+the same step waits one step and reads the run from the cache. A fresh batch (``admit_fresh_batch``)
+shares one canvas, the largest of its requests.
 
 The runner's results come back keyed by request id (:meth:`Scheduler.update`). This file is the only
 one that moves a request through its blocks.
@@ -18,7 +20,13 @@ from dataclasses import dataclass
 from engine.config import EngineConfig
 from engine.scheduling.outputs import RunnerOutput, SchedulerOutput, SchedulerUpdate
 from engine.scheduling.policies import make_policy
+from engine.scheduling.prefix_claims import PrefixClaims
+from engine.scheduling.prefix_index import PrefixIndex
 from engine.scheduling.request import Request, RequestStatus
+
+# A shared run shorter than this is cheaper to compute twice than to wait a step for (a 64-token
+# prefill costs about one step of a batch of 16 rows of 4-token blocks).
+PREFIX_WAIT_TOKENS = 64
 
 
 @dataclass
@@ -34,8 +42,11 @@ class _Box:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, token_budget: int, max_row_width: int):
+    def __init__(self, config: EngineConfig, token_budget: int, max_row_width: int,
+                 prefix_index: PrefixIndex | None = None):
         self.config = config
+        self.prefix_index = prefix_index  # the runner's prefix cache, read to see what a step computes
+        self.prefix_waits = 0  # admissions to a free row put off a step to read a prefix a joining row computes
         self.policy = make_policy(config)
         self.token_budget = token_budget
         self.max_row_width = max_row_width
@@ -85,20 +96,31 @@ class Scheduler:
         it does not fit, nobody else joins, so the box drains until it does (no starvation)."""
         box = _Box(len(self.running), max((r.width for r in self.running), default=0))
         admitted: list[Request] = []
+        claims = (PrefixClaims(self.prefix_index, PREFIX_WAIT_TOKENS)
+                  if self.prefix_index is not None and self.policy.admits_every_step else None)
         overdue = self._overdue(now)
         if overdue is not None:
             if not self._fits(box, overdue, may_grow=True):
                 return admitted
             self.pending = [item for item in self.pending if item[1] is not overdue]
             admitted.append(box.add(overdue))
+            if claims is not None:  # it never waits
+                claims.claim(overdue)
+        waited: set[int] = set()
         for may_grow in (False, True):
             kept = []
             for key, request in self.pending:
-                if self._fits(box, request, may_grow):
-                    admitted.append(box.add(request))
-                else:
+                if not self._fits(box, request, may_grow):
                     kept.append((key, request))
+                elif id(request) in waited or (claims is not None and claims.must_wait(request)):
+                    waited.add(id(request))
+                    kept.append((key, request))
+                else:
+                    admitted.append(box.add(request))
+                    if claims is not None:
+                        claims.claim(request)
             self.pending = kept
+        self.prefix_waits += min(len(waited), self.config.max_batch_size - box.rows)  # those a free row awaited
         return admitted
 
     def _overdue(self, now: float) -> Request | None:
