@@ -97,7 +97,7 @@ def compare(lm: DiffusionLM, settings: dict, workload: str, scale: dict, shape: 
     off, on = rounds[False][-1], rounds[True][-1]
     speedups = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(rounds[False], rounds[True])]
     keep = ("forward_tokens", "prompt_tokens", "cached_prompt_tokens", "computed_prompt_tokens", "hit_rate",
-            "h200_tokens_per_s")
+            "tokens_per_s", "h200_tokens_per_s")
     return {"off": {k: off[k] for k in keep}, "on": {k: on[k] for k in keep},
             "identical_answers": all(a["answers"] == b["answers"] for a, b in zip(rounds[False], rounds[True])),
             "forward_tokens_ratio": round(on["forward_tokens"] / off["forward_tokens"], 4),
