@@ -8,6 +8,7 @@ workload on the same checkpoint family with 1 and with 2 layers.
 
     python -m benchmarks.host_ops                       # both test fixtures, engine defaults, 16 prompts
     python -m benchmarks.host_ops --compile             # the same on models loaded with compile=True
+    python -m benchmarks.host_ops --fixtures tiny-llada,tiny-sdar    # other fixtures
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models import ModelOptions, load_model
 from engine.models.loader import DiffusionLM, apply_model_options
 from engine.models.transformer import BidirectionalTransformer
+from engine.scheduling.trace import ForwardRecord
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 
@@ -65,8 +67,9 @@ def mixed_prompts(lm: DiffusionLM, count: int) -> tuple[list[list[int]], list[Sa
     return prompts, params
 
 
-def step_op_counts(engine: BlockServeEngine, prompts, params) -> list[tuple[str, int]]:
-    """(forward kind, aten operations) of every step that ran a forward, the workload run to the end."""
+def step_op_counts(engine: BlockServeEngine, prompts, params) -> list[tuple[str, int, ForwardRecord]]:
+    """(forward kind, aten operations, its record) of every step that ran a forward, the workload run to
+    the end."""
     for prompt, p in zip(prompts, params):
         engine.add_request(prompt, p)
     counts = []
@@ -76,7 +79,7 @@ def step_op_counts(engine: BlockServeEngine, prompts, params) -> list[tuple[str,
             engine.step()
         trace = engine.stats_collector.trace
         if len(trace) > before:
-            counts.append((trace[-1].kind, counter.total))
+            counts.append((trace[-1].kind, counter.total, trace[-1]))
     return counts
 
 
@@ -84,19 +87,25 @@ def per_layer_ops(fixture: str, count: int = 16, options: dict[str, bool] | None
     """Per forward kind (refresh, window, packed): the median operations of a step on 1- and 2-layer
     models run with ``options`` (:class:`ModelOptions` fields), engines with ``config``; per layer =
     their difference, fixed = the rest. Medians, because a step that admits requests also pays for
-    writing their rows."""
+    writing their rows. Also per kind: the positions whose logits a step computes, and the positions of
+    its rows' active blocks, summed over the workload."""
     options = options or {}
     lm = load_model(FIXTURES / fixture, dtype="float32")
     prompts, params = mixed_prompts(lm, count)
     medians: dict[str, dict[int, float]] = {}
     steps: dict[str, int] = {}
+    positions: dict[str, dict[str, int]] = {}
     for layers in (1, 2):
         engine = BlockServeEngine(with_layers(lm, layers, **options), EngineConfig(**config))
         engine.generate(prompts[:2], params[:2])  # warm-up (first-call allocations, compilation)
         engine.reset_stats()
         by_kind: dict[str, list[int]] = {}
-        for kind, total in step_op_counts(engine, prompts, params):
+        for kind, total, record in step_op_counts(engine, prompts, params):
             by_kind.setdefault(kind, []).append(total)
+            if layers == 1:
+                counted = positions.setdefault(kind, {"logit_positions": 0, "block_positions": 0})
+                counted["logit_positions"] += record.logit_positions
+                counted["block_positions"] += record.rows * engine.config.block_length
         for kind, totals in by_kind.items():
             medians.setdefault(kind, {})[layers] = median(totals)
             steps[kind] = len(totals)
@@ -105,7 +114,7 @@ def per_layer_ops(fixture: str, count: int = 16, options: dict[str, bool] | None
         if len(by_layers) == 2:
             per_layer = by_layers[2] - by_layers[1]
             kinds[kind] = {"steps": steps[kind], "per_layer": per_layer, "fixed": by_layers[1] - per_layer,
-                           "at_32_layers": by_layers[1] + 31 * per_layer}
+                           "at_32_layers": by_layers[1] + 31 * per_layer, **positions[kind]}
     return {"fixture": fixture, "config": config, "options": options, "kinds": kinds}
 
 
@@ -114,9 +123,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--cache", default="dual")
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--fixtures", default="tiny-llada,tiny-dream", help="test fixtures, comma-separated")
     args = parser.parse_args(argv)
     options = {"compile": True} if args.compile else {}
-    rows = [per_layer_ops(fixture, args.prompts, options, cache=args.cache) for fixture in ("tiny-llada", "tiny-dream")]
+    rows = [per_layer_ops(fixture, args.prompts, options, cache=args.cache) for fixture in args.fixtures.split(",")]
     for row in rows:
         print(json.dumps(row))
     return rows

@@ -83,29 +83,40 @@ class SteeredModel:
         positions = part.positions[:, start:start + part.num_read]
         return request, positions, part.tokens[:, start:start + part.num_read] == self._mask_id
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self._base.logits(hidden)
+    def logits(self, hidden: torch.Tensor, at: tuple[torch.Tensor, torch.Tensor] | None = None,
+               row_spans: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
+        """The base model's logits (of the positions ``at``, when given), steered."""
+        logits = self._base.logits(hidden, at, row_spans)
         request = torch.cat([rows for rows, _, _ in self._pending])
         canvas = torch.cat([positions for _, positions, _ in self._pending]) - self._prompt_length[request][:, None]
         masked = torch.cat([flags for _, _, flags in self._pending])
         answer_over = canvas >= self._target[request][:, None]
+        lift = hold = None
+        if self._profile is not None:
+            lift, hold = self._profile_flags(request, canvas, masked & ~answer_over)
+        if at is not None:  # the per-row flags of the positions computed
+            answer_over = answer_over[at]
+            lift, hold = (None, None) if lift is None else (lift[at], hold[at])
         if self._other_stops:
             logits[..., self._other_stops] = float("-inf")
         logits[..., self._mask_id] = float("-inf")  # never a candidate (the decoder does the same)
         top = logits.amax(-1)
         logits[..., self._eos_id] = torch.where(answer_over, top + LIFT, torch.full_like(top, float("-inf")))
-        if self._profile is not None:
-            self._apply_profile(logits, request, canvas, masked & ~answer_over)
+        if lift is not None:
+            self._apply_profile(logits, lift, hold)
         return logits
 
-    def _apply_profile(self, logits: torch.Tensor, request: torch.Tensor, canvas: torch.Tensor,
-                       content: torch.Tensor) -> None:
+    def _profile_flags(self, request: torch.Tensor, canvas: torch.Tensor,
+                       content: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lift, hold) ``[rows, block]``: the leftmost k masked content positions, and the other ones."""
         block_length = content.shape[1]
         table = self._table(block_length)
         block = (canvas[:, 0] // block_length).clamp(0, table.shape[1] - 1)
         k = table[request, block, content.sum(1)]
         lift = content & (content.cumsum(1) <= k[:, None])
-        hold = content & ~lift
+        return lift, content & ~lift
+
+    def _apply_profile(self, logits: torch.Tensor, lift: torch.Tensor, hold: torch.Tensor) -> None:
         top, best = logits.max(-1)
         first, second = self._rivals
         rival = torch.where(best == first, second, first)[..., None]

@@ -49,8 +49,8 @@ def test_a_model_whose_argmax_is_mask_still_ends_every_block(tiny_engine_factory
     engine = tiny_engine_factory(dtype="float32", max_batch_size=4)
     lm, logits = engine.lm, engine.lm.model.logits
 
-    def mask_first(hidden):
-        scores = logits(hidden)
+    def mask_first(hidden, at=None, row_spans=None):
+        scores = logits(hidden, at, row_spans)
         scores[..., lm.special_ids.mask_id] = scores.amax(-1) + 10.0  # MASK is every position's argmax
         return scores
 

@@ -248,9 +248,20 @@ class BidirectionalTransformer(nn.Module):
         counts = [layer.mlp.experts_touched for layer in self.layers if isinstance(layer.mlp, MoE)]
         return torch.stack(counts) if counts else None
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits of hidden states ``[rows, n, hidden]`` (batch-invariant mode: each row on its own)."""
-        if self.layers[0].attention.batch_invariant and hidden.dim() == 3 and hidden.shape[0] > 1:
-            return torch.cat([self.logits(row) for row in hidden.split(1)])
+    def logits(self, hidden: torch.Tensor, at: tuple[torch.Tensor, torch.Tensor] | None = None,
+               row_spans: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
+        """Logits of hidden states ``[rows, n, hidden]``, or with ``at`` = (rows, columns) ``[positions]``
+        of those positions only, ``[positions, vocab]``. Batch-invariant mode runs each row on its own
+        (``row_spans``: (first position, count) of each row's positions)."""
+        if at is not None:
+            hidden = hidden[at]
+        if self.layers[0].attention.batch_invariant:
+            if hidden.dim() == 3 and hidden.shape[0] > 1:
+                return torch.cat([self.logits(row) for row in hidden.split(1)])
+            if row_spans is not None and len(row_spans) > 1:
+                return each_row(self._head, hidden, row_spans)
+        return self._head(hidden)
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(self.norm(hidden))
         return logits * self.config.logit_scale if self.config.logit_scale != 1.0 else logits

@@ -16,7 +16,17 @@ import torch
 from engine.models.layout import RowLayout
 from engine.models.step_inputs import RefreshPart, WindowPart
 from engine.runner.batch import PersistentBatch, to_device
-from engine.runner.logit_processors import RowBias, TokenFilters, dense_bias
+from engine.runner.logit_processors import RowBias
+from engine.runner.masked_positions import (
+    MaskedPositions,
+    SampledPositions,
+    StepLogprobs,
+    draw_lists,
+    position_bias,
+    position_spans,
+    sampled_positions,
+    step_logprobs,
+)
 from engine.runner.parts_block_causal import BlockCausalParts
 from engine.runner.parts_full_attention import FullAttentionParts
 from engine.scheduling.outputs import SchedulerOutput
@@ -46,7 +56,8 @@ def step_parts(layout: RowLayout) -> StepParts:
 
 @dataclass
 class StepBatch:
-    """What one step runs, row by row (refresh rows first, then window rows)."""
+    """What one step runs, row by row (refresh rows first, then window rows), and the masked positions of
+    the rows' active blocks, the only ones whose logits it computes (``engine.runner.masked_positions``)."""
 
     request_ids: list[str]
     refresh: RefreshPart | None
@@ -54,17 +65,11 @@ class StepBatch:
     slots: torch.Tensor  # [rows]
     block_columns: torch.Tensor  # [rows, block_length] batch columns of each row's active block
     step_in_block: torch.Tensor  # [rows] denoising step within the row's current block
-    sampled_rows: torch.Tensor | None  # [k] rows with temperature > 0 (None: every row is greedy)
-    noise_keys: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # seeds, global steps, canvas
-    # positions of the sampled rows (see decoding.gumbel_noise)
-    temperatures: torch.Tensor | None  # [len(sampled_rows)]
-    filters: TokenFilters | None  # top-k / top-p of the sampled rows (None: none asks for them)
-    bias: RowBias | None  # logit bias of the rows that have one (None: none has)
-    logprob_rows: torch.Tensor | None  # [r] rows whose request wants log-probabilities (None: none)
-    num_top_logprobs: int  # the most alternatives one of them wants
-    logprob_counts: list[int]  # the alternatives each of them wants (host side)
+    masked: MaskedPositions
+    sampled: SampledPositions | None  # the positions of rows with temperature > 0 (None: every row is greedy)
+    bias: RowBias | None  # logit bias of the positions of rows that have one (None: none has)
+    logprobs: StepLogprobs | None  # rows whose request wants log-probabilities (None: none)
     leads: list[int]  # host: prompt tokens at the start of each row's active block (see Request.lead)
-    answer_starts: torch.Tensor | None  # [rows] the same on the device (None: every lead is 0)
     record: ForwardRecord
 
     @property
@@ -77,56 +82,30 @@ def prepare_inputs(batch: PersistentBatch, parts: StepParts, refresh: Sequence[R
     """Tensors for one step: ``refresh`` rows are computed whole, ``window`` rows in their windows."""
     refresh, window = sorted(refresh, key=_slot), sorted(window, key=_slot)
     rows = [*refresh, *window]
+    offsets = [batch.masked_offsets(r) for r in rows]
+    spans = position_spans(offsets)
     sampled = [index for index, r in enumerate(rows) if r.params.temperature > 0]
-    picked = [rows[index] for index in sampled]
-    slots, block_starts, step_in_block, sampled_rows, seeds, block_indices, picked_steps = to_device(
-        batch.tokens, [r.slot for r in rows], [batch.block_start(r) for r in rows],
-        [r.step_in_block for r in rows], sampled, [r.seed for r in picked], [r.block_index for r in picked],
-        [r.step_in_block for r in picked])
+    draws = draw_lists(rows, sampled, offsets, spans, batch.block_length) if sampled else []
+    slots, block_starts, step_in_block, position_rows, position_offsets, *draw_tensors = to_device(
+        batch.tokens, [r.slot for r in rows], [batch.block_start(r) for r in rows], [r.step_in_block for r in rows],
+        [row for row, row_offsets in enumerate(offsets) for _ in row_offsets],
+        [offset for row_offsets in offsets for offset in row_offsets], *draws)
     refresh_part = parts.whole_rows(batch, refresh, slots[:len(refresh)], block_starts[:len(refresh)]) \
         if refresh else None
     window_part = parts.window_rows(batch, window, slots[len(refresh):], block_starts[len(refresh):]) \
         if window else None
-    noise_keys = temperatures = None
-    if sampled:
-        block_length = batch.block_length
-        noise_keys = (seeds, block_indices * block_length + picked_steps,
-                      block_indices[:, None] * block_length + batch.block_offsets)
-        (temperatures,) = to_device(batch.tokens, [float(r.params.temperature) for r in picked], dtype=torch.float32)
-    wants_logprobs = [index for index, r in enumerate(rows) if r.params.logprobs is not None]
-    leads = [r.block_lead for r in rows]
+    masked = MaskedPositions(rows=position_rows, offsets=position_offsets, spans=spans)
     return StepBatch(
         request_ids=[r.request_id for r in rows], refresh=refresh_part, window=window_part, slots=slots,
-        block_columns=block_starts[:, None] + batch.block_offsets, step_in_block=step_in_block,
-        sampled_rows=sampled_rows if sampled else None, noise_keys=noise_keys, temperatures=temperatures,
-        filters=_filters(batch, picked), bias=_bias(batch, rows),
-        logprob_rows=to_device(batch.tokens, wants_logprobs)[0] if wants_logprobs else None,
-        num_top_logprobs=max((rows[index].params.logprobs for index in wants_logprobs), default=0),
-        logprob_counts=[rows[index].params.logprobs for index in wants_logprobs],
-        leads=leads, answer_starts=to_device(batch.tokens, leads)[0] if any(leads) else None,
-        record=_record(batch, parts, refresh, window, refresh_part, window_part))
-
-
-def _filters(batch: PersistentBatch, sampled: Sequence[Request]) -> TokenFilters | None:
-    """Top-k / top-p tensors for the sampled rows, only when one of them asks (no cost otherwise)."""
-    if not any(r.params.filters_tokens for r in sampled):
-        return None
-    (top_k,) = to_device(batch.tokens, [r.params.top_k for r in sampled])
-    (top_p,) = to_device(batch.tokens, [float(r.params.top_p) for r in sampled], dtype=torch.float64)
-    return TokenFilters(top_k=top_k, top_p=top_p)
-
-
-def _bias(batch: PersistentBatch, rows: Sequence[Request]) -> RowBias | None:
-    biased = [index for index, r in enumerate(rows) if r.params.logit_bias]
-    if not biased:
-        return None
-    values = dense_bias([rows[index].params.logit_bias for index in biased], batch.vocab_size,
-                        torch.float64, batch.tokens.device)
-    return RowBias(rows=to_device(batch.tokens, biased)[0], values=values)
+        block_columns=block_starts[:, None] + batch.block_offsets, step_in_block=step_in_block, masked=masked,
+        sampled=sampled_positions(batch, rows, sampled, spans, draw_tensors) if sampled else None,
+        bias=position_bias(batch, rows, spans), logprobs=step_logprobs(batch, rows, offsets, spans),
+        leads=[r.block_lead for r in rows],
+        record=_record(batch, parts, refresh, window, refresh_part, window_part, masked.num_positions))
 
 
 def _record(batch: PersistentBatch, parts: StepParts, refresh: Sequence[Request], window: Sequence[Request],
-            refresh_part: RefreshPart | None, window_part: WindowPart | None) -> ForwardRecord:
+            refresh_part: RefreshPart | None, window_part: WindowPart | None, logit_positions: int) -> ForwardRecord:
     return ForwardRecord(
         refresh_rows=len(refresh),
         refresh_width=refresh_part.tokens.shape[1] if refresh_part is not None else 0,
@@ -134,7 +113,7 @@ def _record(batch: PersistentBatch, parts: StepParts, refresh: Sequence[Request]
         window_tokens=window_part.tokens.shape[1] if window_part is not None else 0,
         window_context=((window_part.context_end or batch.width) - window_part.context_start
                         if window_part is not None else 0),
-        logit_positions=(len(refresh) + len(window)) * batch.block_length,
+        logit_positions=logit_positions,
         real_tokens=sum(parts.real_columns(batch, r) for r in (*refresh, *window)),
         refresh_pad_tokens=_pad_tokens(refresh_part.tokens, refresh_part.row_widths) if refresh_part else 0,
         window_pad_tokens=_pad_tokens(window_part.tokens, window_part.row_tokens) if window_part else 0)

@@ -1,8 +1,9 @@
 """One denoising step as pure, batched tensor functions.
 
-Everything here works on the active blocks of a batch: ``[rows, block_length]`` tensors (and the
-``[rows, block_length, vocab]`` logits of exactly those positions). Rows are independent: nothing a
-row computes depends on another row, which is what makes batched decoding equal solo decoding.
+Everything here works on the active blocks of a batch: ``[rows, block_length]`` tensors. The logits
+``[rows, n, vocab]`` that :func:`propose_tokens` reads may be a block's, or (the runner's) each masked
+position as a row of one. Rows are independent: nothing a row computes depends on another row, which
+is what makes batched decoding equal solo decoding.
 
 Rules (Fast-dLLM / LLaDA):
 * ``threshold``: commit every masked position whose confidence is >= tau, and always the single most

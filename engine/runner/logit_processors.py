@@ -110,12 +110,12 @@ class LogprobBuffer:
             for buffer in (self.chosen, self.top_values, self.top_ids):
                 buffer[target] = buffer[source]
 
-    def write(self, slots: torch.Tensor, commit: torch.Tensor, chosen: torch.Tensor, top_values: torch.Tensor,
-              top_ids: torch.Tensor) -> None:
-        """Record the positions ``commit`` [r, block] marks, for the rows in ``slots`` [r]."""
+    def write(self, slots: torch.Tensor, offsets: torch.Tensor, commit: torch.Tensor, chosen: torch.Tensor,
+              top_values: torch.Tensor, top_ids: torch.Tensor) -> None:
+        """Record the positions ``commit`` [q] marks among the block positions ``(slots, offsets)`` [q]."""
         num_top = top_values.shape[-1]
-        self.chosen[slots] = torch.where(commit, chosen.to(torch.float64), self.chosen[slots])
-        keep = commit[..., None]
-        self.top_values[slots, :, :num_top] = torch.where(keep, top_values.to(torch.float64),
-                                                          self.top_values[slots, :, :num_top])
-        self.top_ids[slots, :, :num_top] = torch.where(keep, top_ids, self.top_ids[slots, :, :num_top])
+        self.chosen[slots, offsets] = torch.where(commit, chosen.to(torch.float64), self.chosen[slots, offsets])
+        keep = commit[:, None]
+        self.top_values[slots, offsets, :num_top] = torch.where(keep, top_values.to(torch.float64),
+                                                                self.top_values[slots, offsets, :num_top])
+        self.top_ids[slots, offsets, :num_top] = torch.where(keep, top_ids, self.top_ids[slots, offsets, :num_top])

@@ -4,8 +4,8 @@ Fixed: the weights, and the arena allocated at construction: the persistent batc
 (``engine.runner.batch.PersistentBatch``) of ``max_batch_size`` slots x ``max_model_len`` columns. It holds keys
 and values of every layer (plus one scratch column), token ids, positions and key masks. Rows joining
 or leaving never allocate: they take and return slots. Transient: a step's activations grow with its
-bounding box (rows x widest row), and its logits with rows x block_length x vocab (logits exist only for
-the active blocks).
+bounding box (rows x widest row), and its logits with at most rows x block_length x vocab (logits exist
+only for the active blocks' masked positions).
 
 The arena is checked against the memory the device has available before it is allocated
 (:func:`check_arena_fits`), so a setting that cannot fit fails with its name, not an allocator error.

@@ -16,7 +16,7 @@ from engine.models.loader import DiffusionLM
 from engine.runner.batch import PersistentBatch
 from engine.runner.batch_inputs import StepBatch, prepare_inputs, step_parts
 from engine.runner.decoding import Sampling, decode_rule, gumbel_noise, propose_tokens, select_commits
-from engine.runner.logit_processors import token_logprobs
+from engine.runner.logit_processors import apply_logit_bias, token_logprobs
 from engine.runner.prefix_cache import PrefixCache, prefix_cache_blocks
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
@@ -32,7 +32,6 @@ class ModelRunner:
         self.prefix_cache = (PrefixCache(self.batch.kv_cache, prefix_cache_blocks(config, max_row_width),
                                          config.block_length)
                              if config.enable_prefix_caching and self.batch.kv_cache is not None else None)
-        self._stop_ids = torch.tensor(lm.special_ids.stop_ids, device=lm.device)
 
     @torch.no_grad()
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
@@ -61,62 +60,69 @@ class ModelRunner:
             self.batch.release(request)
 
     def _run(self, inputs: StepBatch) -> dict[str, RowResult]:
-        """One denoising step for every row of ``inputs``; its one host synchronisation is at the end."""
-        mask_id = self.lm.special_ids.mask_id
+        """One denoising step for every row of ``inputs``; its one host synchronisation is at the end.
+
+        The head and the rule's proposals run on the masked positions only, each a row of one position;
+        their candidates and confidences then return to ``[rows, block]``, where the positions not
+        computed get a confidence of -inf (no rule reads it: they are not masked)."""
+        mask_id, masked = self.lm.special_ids.mask_id, inputs.masked
         hidden = self.lm.model.forward_step(inputs.refresh, inputs.window, self.batch.kv_cache)
-        logits = self.lm.model.logits(hidden)  # [rows, block_length, vocab]: the active blocks only
+        at_masked = (masked.rows, masked.offsets)
+        logits = self.lm.model.logits(hidden, at_masked, masked.spans).unsqueeze(1)  # [positions, 1, vocab]
+        if inputs.bias is not None:  # once, for the rule and the log-probabilities alike
+            logits = apply_logit_bias(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32),
+                                      inputs.bias.rows, inputs.bias.values)
+        candidates, confidence = propose_tokens(logits, mask_id, self._sampling(inputs, logits.shape[-1]),
+                                                measure=self.rule.measure)
         blocks = self.batch.block_tokens(inputs.slots, inputs.block_columns)
-        masked = blocks == mask_id
-        sampling = None
-        if inputs.sampled_rows is not None:
-            sampling = Sampling(rows=inputs.sampled_rows, temperatures=inputs.temperatures,
-                                noise=gumbel_noise(*inputs.noise_keys, logits.shape[-1]), filters=inputs.filters)
-        candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=self.rule.measure,
-                                                bias=inputs.bias)
-        commit = select_commits(self.rule, confidence, masked, inputs.step_in_block)
-        blocks = torch.where(commit, candidates, blocks)
-        if inputs.logprob_rows is not None:
+        proposed = blocks.index_put(at_masked, candidates.view(-1))
+        confidence = confidence.new_full(blocks.shape, float("-inf")).index_put_(at_masked, confidence.view(-1))
+        commit = select_commits(self.rule, confidence, blocks == mask_id, inputs.step_in_block)
+        blocks = torch.where(commit, proposed, blocks)
+        if inputs.logprobs is not None:
             self._record_logprobs(inputs, logits, candidates, commit)
         self.batch.write_blocks(inputs.slots, inputs.block_columns, blocks)
-        complete = ~(blocks == mask_id).any(-1)
-        stop_hits = torch.isin(blocks, self._stop_ids)
-        if inputs.answer_starts is not None:  # the prompt's tokens in a first block never stop a request
-            stop_hits &= self.batch.block_offsets >= inputs.answer_starts[:, None]
-        stopped = stop_hits.any(-1)
-        host = torch.cat([blocks, complete[:, None], stopped[:, None]], dim=1).tolist()  # the one sync
+        host = blocks.tolist()  # the one sync
+        self.batch.note_blocks(inputs.request_ids, host)
         results = {request_id: self._row_result(row, lead)
                    for request_id, row, lead in zip(inputs.request_ids, host, inputs.leads)}
-        if inputs.logprob_rows is not None:
+        if inputs.logprobs is not None:
             self._attach_logprobs(inputs, results)
         return results
 
+    @staticmethod
+    def _sampling(inputs: StepBatch, vocab_size: int) -> Sampling | None:
+        """The draws of the sampled positions (None: every row is greedy)."""
+        sampled = inputs.sampled
+        if sampled is None:
+            return None
+        return Sampling(rows=sampled.positions, temperatures=sampled.temperatures,
+                        noise=gumbel_noise(*sampled.noise_keys, vocab_size), filters=sampled.filters)
+
     def _row_result(self, row: list[int], lead: int) -> RowResult:
-        """A host row ``[block tokens..., complete, stop found]`` as a RowResult: the block's answer
-        tokens (after its ``lead`` prompt tokens)."""
-        tokens, complete, stopped = row[lead:-2], bool(row[-2]), bool(row[-1])
-        if not complete:
+        """A host row of block tokens as a RowResult: once no MASK is left, the block's answer tokens
+        (after its ``lead`` prompt tokens) and their first stop token."""
+        if self.lm.special_ids.mask_id in row:
             return RowResult(False, None, None)
-        return RowResult(True, first_stop(tokens, self.lm.special_ids.stop_ids) if stopped else None, tokens)
+        tokens = row[lead:]
+        return RowResult(True, first_stop(tokens, self.lm.special_ids.stop_ids), tokens)
 
     def _record_logprobs(self, inputs: StepBatch, logits: torch.Tensor, candidates: torch.Tensor,
                          commit: torch.Tensor) -> None:
-        """The log-probabilities of the positions committed now, for the rows that asked."""
-        rows = inputs.logprob_rows
-        bias = None
-        if inputs.bias is not None:
-            dense = logits.new_zeros((inputs.num_rows, logits.shape[-1]), dtype=inputs.bias.values.dtype)
-            dense[inputs.bias.rows] = inputs.bias.values
-            bias = dense[rows]
-        chosen, top_values, top_ids = token_logprobs(logits[rows], self.lm.special_ids.mask_id, candidates[rows],
-                                                     inputs.num_top_logprobs, bias)
-        self.batch.logprob_buffer().write(inputs.slots[rows], commit[rows], chosen, top_values, top_ids)
+        """The log-probabilities of the positions committed now, for the rows that asked (``logits``
+        already hold the rows' logit bias)."""
+        asked = inputs.logprobs
+        chosen, top_values, top_ids = token_logprobs(logits[asked.positions], self.lm.special_ids.mask_id,
+                                                     candidates[asked.positions], asked.num_top)
+        self.batch.logprob_buffer().write(inputs.slots[asked.position_rows], asked.position_offsets,
+                                          commit[asked.position_rows, asked.position_offsets],
+                                          chosen.view(-1), top_values[:, 0], top_ids[:, 0])
 
     def _attach_logprobs(self, inputs: StepBatch, results: dict[str, RowResult]) -> None:
         """Completed blocks of rows that asked get their positions' log-probabilities (a second host
         copy, made only for such rows)."""
-        rows = inputs.logprob_rows.tolist()
-        slots = inputs.slots[inputs.logprob_rows]
-        num_top = inputs.num_top_logprobs
+        asked = inputs.logprobs
+        rows, slots, num_top = asked.rows, asked.slots, asked.num_top
         buffer = self.batch.logprob_buffer()
         chosen, values, ids = (buffer.chosen[slots].tolist(), buffer.top_values[slots, :, :num_top].tolist(),
                                buffer.top_ids[slots, :, :num_top].tolist())
@@ -125,7 +131,7 @@ class ModelRunner:
             result = results[request_id]
             if result.block_tokens is None:
                 continue
-            wanted, lead = inputs.logprob_counts[index], inputs.leads[row]
+            wanted, lead = asked.counts[index], inputs.leads[row]
             block = [TokenLogprob(token, logprob, tuple(zip(ids[index][j][:wanted], values[index][j][:wanted])))
                      for j, (token, logprob) in enumerate(zip(result.block_tokens, chosen[index][lead:]), start=lead)]
             results[request_id] = dataclasses.replace(result, block_logprobs=block)

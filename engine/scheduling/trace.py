@@ -23,7 +23,7 @@ class ForwardRecord:
     window_rows: int = 0
     window_tokens: int = 0  # tokens per window row
     window_context: int = 0  # keys each window token attends to (padding included)
-    logit_positions: int = 0  # positions whose vocabulary logits were computed
+    logit_positions: int = 0  # positions whose vocabulary logits were computed: the active blocks' masked ones
     real_tokens: int = 0  # non-pad tokens of the rows computed (prompt + canvas)
     refresh_pad_tokens: int = 0  # box positions of the refresh part with no real token (packed away)
     window_pad_tokens: int = 0  # the same for the window part
