@@ -18,9 +18,6 @@ EXPERIMENTS: dict[str, Experiment] = {
                              "(host model)"),
     "gpu": Experiment("benchmarks.gpu", ScaleArgs(("--smoke",), ("--requests", "32")), OutArg(required=True), False,
                       "the one prepared GPU run (``--smoke``: the same path on the CPU, CI)"),
-    "gpu-checks": Experiment("benchmarks.gpu_checks", ScaleArgs(("--smoke",)), OutArg(required=True), False,
-                             "the compiled step with CUDA graphs per family and prefix caching at 8B shapes "
-                             "(``--smoke``: the CPU)"),
     "host-model": Experiment("benchmarks.measure_host", ScaleArgs(smoke=("--deep-layers", "4")), None, True,
                              "measure the host model on --device and write benchmarks/calibration/host-<device>.json"),
     "host-ops": Experiment("benchmarks.host_ops", ScaleArgs(("--prompts", "4"), ("--prompts", "8")), None, False,

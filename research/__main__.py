@@ -24,6 +24,9 @@ EXPERIMENTS: dict[str, Experiment] = {
                                 "eager vs compiled steps on a 32-layer tiny-dimension LLaDA"),
     "prefix-cache": Experiment("research.prefix_cache", SCALE_FLAG, OUT_DIR, False,
                                "prefix caching on vs off: a shared instruction and a chat replay, SDAR and LLaDA2"),
+    "gpu-checks": Experiment("research.gpu_checks", ScaleArgs(("--smoke",)), OutArg(required=True), False,
+                             "on one GPU: the compiled step with CUDA graphs per family, prefix caching at "
+                             "8B shapes (``--smoke``: the CPU)"),
     "prefix-routing": Experiment("research.prefix_routing",
                                  ScaleArgs(("--rows", "16"), ("--rows", "64"), ("--rows", "64")), OUT_DIR, False,
                                  "the job's routing by shared prefix on vs off: prefix cache hits"),

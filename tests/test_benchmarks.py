@@ -218,17 +218,3 @@ def test_steering_reads_nothing_back_to_the_host(monkeypatch):
             steered.logits(steered.forward_step(refresh, window, kv_cache))
         assert len(syncs) == base, f"steering added host syncs: {syncs}"
 
-
-def test_gpu_checks_smoke_runs_prefix_caching_and_the_compiled_step_and_refuses_an_unknown_stage(tmp_path):
-    from benchmarks import gpu_checks
-
-    results = gpu_checks.main(["--smoke", "--stages", "prefix-cache,compiled-8b", "--out", str(tmp_path)])
-    assert json.loads((tmp_path / "gpu_checks.json").read_text())["stages"].keys() == {"prefix-cache", "compiled-8b"}
-    prefix = results["stages"]["prefix-cache"]["instruction"]
-    assert prefix["identical_answers"] and prefix["forward_tokens_ratio"] < 1 and prefix["on"]["hit_rate"] > 0
-    compiled = results["stages"]["compiled-8b"]
-    assert compiled["tokens_equal"] == compiled["of"] and not compiled["cut"] and compiled["graphs"] >= 1
-    assert compiled["steps"]["eager"] == compiled["steps"]["compiled"] > 0
-    assert compiled["cuda_graphs_captured"] == compiled["cuda_graph_replays"] == 0  # none on a CPU
-    with pytest.raises(SystemExit):
-        gpu_checks.main(["--smoke", "--stages", "compiled,warp-drive", "--out", str(tmp_path)])

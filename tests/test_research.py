@@ -100,3 +100,17 @@ def test_block_causal_replay_steers_both_families_and_derives_their_own_loops():
             assert len(own) == len(engine) and all(r.kind == "refresh" and r.logit_positions == r.refresh_width
                                                    for r in own)
 
+
+def test_gpu_checks_smoke_runs_prefix_caching_and_the_compiled_step_and_refuses_an_unknown_stage(tmp_path):
+    from research import gpu_checks
+
+    results = gpu_checks.main(["--smoke", "--stages", "prefix-cache,compiled-8b", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "gpu_checks.json").read_text())["stages"].keys() == {"prefix-cache", "compiled-8b"}
+    prefix = results["stages"]["prefix-cache"]["instruction"]
+    assert prefix["identical_answers"] and prefix["forward_tokens_ratio"] < 1 and prefix["on"]["hit_rate"] > 0
+    compiled = results["stages"]["compiled-8b"]
+    assert compiled["tokens_equal"] == compiled["of"] and not compiled["cut"] and compiled["graphs"] >= 1
+    assert compiled["steps"]["eager"] == compiled["steps"]["compiled"] > 0
+    assert compiled["cuda_graphs_captured"] == compiled["cuda_graph_replays"] == 0  # none on a CPU
+    with pytest.raises(SystemExit):
+        gpu_checks.main(["--smoke", "--stages", "compiled,warp-drive", "--out", str(tmp_path)])

@@ -1,7 +1,7 @@
 """The GPU checks of the compiled step (issue 41) and of prefix caching (issue 40), as one prepared run.
 
-    python -m benchmarks gpu-checks --out DIR            # one H200, under --time-budget-s
-    python -m benchmarks gpu-checks --smoke --out DIR    # the same path on the CPU, tiny sizes
+    python -m research gpu-checks --out DIR            # one H200, under --time-budget-s
+    python -m research gpu-checks --smoke --out DIR    # the same path on the CPU, tiny sizes
 
 Stages, in this order (``--stages`` picks some):
 
@@ -198,7 +198,7 @@ RUNNERS = {"compiled": compiled_families, "prefix-cache": prefix_cache_8b, "comp
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks gpu-checks", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m research gpu-checks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"meta": meta(["gpu-checks", *(argv or [])]), "environment": environment(torch.device(device)),
+    results: dict = {"meta": meta(["gpu-checks", *(argv or [])], program="python -m research"),
+                     "environment": environment(torch.device(device)),
                      "stages": {}}
     stages = args.stages.split(",")
     if unknown := set(stages) - set(RUNNERS):
