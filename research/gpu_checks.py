@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -42,11 +43,12 @@ from benchmarks.gpu import environment
 from benchmarks.host_ops import FIXTURES, with_layers
 from benchmarks.results_io import meta
 from benchmarks.summary import median
-from engine import BlockServeEngine, EngineConfig, SamplingParams
+from engine import BlockServeEngine, EngineConfig
 from engine.models import ModelOptions, load_model
 from engine.models.loader import DiffusionLM, apply_model_options
 from engine.models.transformer import BidirectionalTransformer
 from research import prefix_cache
+from research.compiled_step import Workload
 
 STAGES = ("compiled", "prefix-cache", "compiled-8b")  # the default, in the order they run
 FAMILY_LAYERS = {"tiny-llada": 32, "tiny-sdar": 32, "tiny-llada2": 8, "tiny-dream": 32}
@@ -124,9 +126,7 @@ def eager_vs_compiled(models: dict[str, DiffusionLM], requests: int, new_tokens:
                       stop_at: float) -> dict:
     """One warm-up run of the compiled model (it compiles its buckets), then both modes alternately."""
     lm = models["compiled"]
-    vocab = [i for i in range(min(lm.vocab_size, 90)) if i not in (lm.special_ids.mask_id, *lm.special_ids.stop_ids)]
-    prompts = [[vocab[(7 * i + j) % len(vocab)] for j in range(5 + 11 * i % 40)] for i in range(requests)]
-    params = [SamplingParams(max_new_tokens=new_tokens, stop_at_eos=False)] * requests
+    prompts, params = Workload(requests=requests, new_tokens=new_tokens).prompts(lm)
     started = time.perf_counter()
     with counting_cuda_graphs() as warmup:
         alternate({"compiled": lm}, prompts, params, batch, stop_at)
@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--families", default=",".join(FAMILY_LAYERS), help="the compiled stage's fixtures")
     parser.add_argument("--time-budget-s", type=float, default=420.0)
+    argv = sys.argv[1:] if argv is None else argv  # the record's command holds the options given
     args = parser.parse_args(argv)
     started = time.perf_counter()
     device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
