@@ -17,3 +17,9 @@ def test_a_single_part_step_issues_at_most_45_operations_per_layer(fixture):
     for kind in ("refresh", "window"):
         assert kinds[kind]["per_layer"] <= MAX_OPS_PER_LAYER, (kind, kinds[kind])
         assert kinds[kind]["fixed"] <= MAX_FIXED_OPS, (kind, kinds[kind])
+
+
+def test_a_block_causal_window_step_issues_at_most_100_fixed_operations():
+    """SDAR: its dense layers make the 1- and 2-layer difference a layer's (LLaDA2's second layer is MoE)."""
+    window = per_layer_ops("tiny-sdar", count=4)["kinds"]["window"]
+    assert window["fixed"] <= MAX_FIXED_OPS, window

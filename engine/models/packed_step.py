@@ -88,16 +88,17 @@ def additive_mask(key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def block_causal_mask(key_mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor,
-                      block_size: int, dtype: torch.dtype) -> torch.Tensor:
+                      block_size: int, dtype: torch.dtype, blind_queries: bool = True) -> torch.Tensor:
     """``[rows, 1, queries, keys]`` additive: a real key of the query's block or an earlier one.
 
-    A query that sees no key (a pad query left of a row) gets its row's real keys instead, so its
-    softmax stays finite; its output is never read.
+    With ``blind_queries``, a query that sees no key (a pad query left of a row, a padded row) gets its
+    row's real keys instead, so its softmax stays finite; its output is never read.
     """
     query_blocks = torch.div(query_positions, block_size, rounding_mode="floor")[:, :, None]
     key_blocks = torch.div(key_positions, block_size, rounding_mode="floor")[:, None, :]
     allowed = key_mask[:, None, :] & (key_blocks <= query_blocks)
-    allowed |= ~allowed.any(-1, keepdim=True) & key_mask[:, None, :]
+    if blind_queries:
+        allowed |= ~allowed.any(-1, keepdim=True) & key_mask[:, None, :]
     return additive(allowed, dtype)[:, None]
 
 
@@ -158,8 +159,10 @@ def _window_plan(part: WindowPart, kv_cache: KVCache, dtype: torch.dtype, offset
     start, end = part.context_start, part.context_end or kv_cache.width
     context = kv_cache.data[:, :rows, :, :, start:end].unbind(0)
     key_mask = kv_cache.key_mask[:rows, start:end]
+    # Every window query sees its row's first key: column 0 holds a prompt token at position 0, in block 0.
     mask = (additive_mask(key_mask, dtype) if not part.block_causal else
-            block_causal_mask(key_mask, part.positions, part.key_positions, part.block_size, dtype))
+            block_causal_mask(key_mask, part.positions, part.key_positions, part.block_size, dtype,
+                              blind_queries=False))
     slots = torch.arange(rows, device=part.tokens.device)
     write_index = (slots[:, None], slice(None), slice(None), part.columns)
     row_keys = part.row_widths or (end - start,) * rows

@@ -45,19 +45,22 @@ class BlockCausalParts:
         at the scratch column."""
         block_length, width = batch.block_length, batch.width
         stored = [_unwritten_columns(batch, r) for r in rows]
-        (stored_columns,) = to_device(batch.tokens, stored)
+        starts = [batch.block_start(r) for r in rows]
         length = block_length + max(stored)
-        offsets = torch.arange(length, device=slots.device)
-        columns = (block_starts - stored_columns)[:, None] + offsets
-        real = offsets < (stored_columns + block_length)[:, None]
-        safe = columns.masked_fill(~real, 0)
-        ends = tuple(batch.block_start(r) + block_length for r in rows)
+        # Built on the host, where every value is known, and sent in one copy: fewer device operations.
+        columns = [start - s + j if j < s + block_length else width
+                   for start, s in zip(starts, stored) for j in range(length)]
+        safe = [column if column < width else 0 for column in columns]
+        reads = [s + j for s in stored for j in range(block_length)] if any(stored) else []
+        columns_flat, safe_flat, reads_flat = to_device(batch.tokens, columns, safe, reads)
+        safe_box = safe_flat.view(len(rows), length)
+        ends = tuple(start + block_length for start in starts)
         context_end = max(ends)
         slot_rows = slots[:, None]  # packed: slots [0, n)
-        return WindowPart(tokens=batch.tokens[slot_rows, safe], positions=batch.positions[slot_rows, safe],
-                          columns=columns.masked_fill(~real, width), context_start=0, num_read=block_length,
+        return WindowPart(tokens=batch.tokens[slot_rows, safe_box], positions=batch.positions[slot_rows, safe_box],
+                          columns=columns_flat.view(len(rows), length), context_start=0, num_read=block_length,
                           row_widths=ends, row_tokens=tuple(block_length + s for s in stored),
-                          read_columns=stored_columns[:, None] + batch.block_offsets if any(stored) else None,
+                          read_columns=reads_flat.view(len(rows), block_length) if reads else None,
                           block_size=block_length, context_end=context_end,
                           key_positions=batch.positions[:len(rows), :context_end])
 
