@@ -92,12 +92,14 @@ def raise_recompile_limits(graphs: int) -> None:
 
 
 def _layer(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns, rows: int, length: int,
-           context_rows: int, context_start: int, context_end: int, write_as_op: bool = False) -> torch.Tensor:
+           context_rows: int, context_start: int, context_end: int,
+           whole_cache: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """One layer over one part (``rows`` x ``length`` tokens), as eager runs it: ``context_rows`` 0, the
-    part attends to its own keys; else to cache slots ``[0, context_rows)``, ``[context_start, context_end)``."""
+    part attends to its own keys; else to cache slots ``[0, context_rows)``, ``[context_start, context_end)``.
+    ``whole_cache`` (the cache, this layer's number): unrolled layers write through it (``StepPlan``)."""
     write = (write_slots, slice(None), slice(None), write_columns) if kv_layer is not None else None
     context = (kv_layer[:context_rows, :, :, context_start:context_end],) if context_rows else None
-    plan = StepPlan([PartPlan(rows, length, 0, mask, write, context)], cos, signed_sin, (kv_layer,), write_as_op)
+    plan = StepPlan([PartPlan(rows, length, 0, mask, write, context)], cos, signed_sin, (kv_layer,), whole_cache)
     return layer(x, plan, 0)
 
 
@@ -114,10 +116,14 @@ def _forward(model, tokens, positions, key_mask, key_positions, kv, write_slots,
     mask = (additive_mask(key_mask, model.dtype) if block_size is None else
             block_causal_mask(key_mask, positions, key_positions, block_size, model.dtype))
     x = model.embed(tokens.reshape(-1))
-    run_layer = _layer_region if nested_layers else functools.partial(_layer, write_as_op=True)
     for index, layer in enumerate(model.layers):
-        x = run_layer(layer, x, cos, signed_sin, mask, kv[index] if kv is not None else None,
-                      write_slots, write_columns, rows, length, context_rows, context_start, context_end)
+        kv_layer = kv[index] if kv is not None else None
+        if nested_layers:
+            x = _layer_region(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns, rows, length,
+                              context_rows, context_start, context_end)
+        else:
+            x = _layer(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns, rows, length,
+                       context_rows, context_start, context_end, (kv, index) if kv is not None else None)
     return x
 
 

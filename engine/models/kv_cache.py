@@ -9,23 +9,20 @@ import torch
 from engine.models.config import TransformerConfig
 
 
-@torch.library.custom_op("blockserve::write_kv", mutates_args=("layer",))
-def write_kv(layer: torch.Tensor, slots: torch.Tensor, columns: torch.Tensor, new_kv: torch.Tensor) -> None:
-    """``layer[slots, :, :, columns] = new_kv`` as one in-place operation of a compiled graph. Traced as
-    an index assignment into a view of the cache, a graph that is not one nested layer region (LLaDA2's
-    layers) copies the whole layer's cache around each write; declared as mutating its input, the
-    write stays a scatter into the cache's own storage."""
-    layer[slots, :, :, columns] = new_kv
+def write_layer(layer: torch.Tensor, index: tuple, new_kv: torch.Tensor,
+                whole_cache: tuple[torch.Tensor, int] | None = None) -> None:
+    """Write a part's keys/values ``new_kv`` into one layer's cache at ``index`` (slots, :, :, columns).
 
-
-def write_layer(layer: torch.Tensor, index: tuple, new_kv: torch.Tensor, as_op: bool = False) -> None:
-    """Write a part's keys/values ``new_kv`` into one layer's cache at ``index`` (slots, :, :, columns),
-    through :func:`write_kv` when ``as_op`` (a compiled graph of unrolled layers; a nested layer region
-    keeps its index assignment in place already, and inductor refuses the op there)."""
-    if as_op:
-        write_kv(layer, index[0], index[3], new_kv)
-    else:
+    With ``whole_cache`` (the cache's :attr:`KVCache.data`, this layer's number) the write is one index
+    assignment into the whole cache. A compiled graph of unrolled layers keeps that one in place; an
+    assignment into a layer's view makes it copy the layer's whole cache around each write.
+    """
+    if whole_cache is None:
         layer[index] = new_kv
+        return
+    cache, number = whole_cache
+    slots, columns = index[0], index[3]
+    cache[torch.full_like(slots, number), slots, :, :, columns] = new_kv
 
 
 class KVCache:

@@ -86,7 +86,7 @@ class Attention(nn.Module):
         qkv = part.to_box(qkv).view(part.rows, part.length, -1, self.head_dim)
         new_kv = qkv[:, :, self.num_heads:].view(part.rows, part.length, 2, self.num_kv_heads, self.head_dim)
         if part.write_index is not None:
-            write_layer(plan.layers[layer], part.write_index, new_kv, plan.write_as_op)
+            write_layer(plan.layers[layer], part.write_index, new_kv, plan.whole_cache)
         q = qkv[:, :, :self.num_heads]
         if self.batch_invariant:
             return part.from_box(self._attend_each_row(q, new_kv, part, layer))
