@@ -2,8 +2,8 @@
 put in one of five phases.
 
 * ``kernels``: the arithmetic: inductor's generated C++ kernels, the GEMMs and attention it calls out to
-  (``torch.mm``, ``torch.addmm``, an ``aten`` fallback such as CPU flash attention), and the eager
-  parts' own aten calls (the LM head, the decoding rule);
+  (``torch.mm``, ``torch.addmm``, an ``aten`` fallback such as CPU flash attention, a MoE layer's
+  grouped GEMMs), and the eager parts' own aten calls (the LM head, the decoding rule);
 * ``graph_launch``: the generated Python wrapper around the kernels (its ``call`` and subgraph
   functions, buffer allocations and tensor views); a captured CUDA graph replaces it with one replay;
 * ``guards``: dynamo's frame entry with its guard check, and the AOT runtime wrappers;
@@ -19,8 +19,8 @@ from __future__ import annotations
 import cProfile
 import pstats
 
-KERNEL_BUILTINS = ("torch.mm", "torch.addmm", "torch.bmm", "torch._ops.aten", "torch._C._nn.linear",
-                   "torch.softmax", "torch.where", "torch.isin", "torch.cat")
+KERNEL_BUILTINS = ("torch.mm", "torch.addmm", "torch.bmm", "torch._grouped_mm", "torch._ops.aten",
+                   "torch._C._nn.linear", "torch.softmax", "torch.where", "torch.isin", "torch.cat")
 WRAPPER_BUILTINS = ("_reinterpret_tensor", "_empty_strided")
 PHASES = ("kernels", "graph_launch", "guards", "forward_prep", "engine")
 

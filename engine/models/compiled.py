@@ -1,13 +1,13 @@
 """A compiled step (``load_model(..., compile=True)``): each forward runs as one compiled graph.
 
-Eager, a layer issues ~40 aten operations, each a dispatch (and on a GPU a kernel launch). Compiled, a
-forward (embedding, rotary tables, mask and every layer) is one call of generated code, with one set of
-guards per call, its elementwise work fused. A dense model's layer (LLaDA, Dream, SDAR) is a nested
-compile region: traced once, its code stamped out for every layer, so compile time does not grow with
-depth. A mixture-of-experts model's layers (LLaDA2) are traced one after the other: in a nested region
-their cache writes are lost (torch 2.13). The layer's sequence is the eager one (:class:`Layer`
-``.forward`` over a one-part plan). On CUDA each graph is a CUDA graph (``triton.cudagraphs``) that
-writes the KV cache in place at a static address. Shapes are bucketed to bound the graphs compiled:
+Eager, a layer issues ~40 aten operations, each a dispatch (on a GPU a kernel launch). Compiled, a forward
+(embedding, rotary tables, mask and every layer) is one call of generated code, with one set of guards per
+call, its elementwise work fused. A dense model's layer (LLaDA, Dream, SDAR) is a nested compile region:
+traced once, its code stamped out for every layer, so compile time does not grow with depth. A
+mixture-of-experts model's layers (LLaDA2) are traced one after the other (in a nested region their cache
+writes are lost, torch 2.13), each writing into the whole cache. The layer's sequence is the eager one
+(:class:`Layer` ``.forward`` over a one-part plan). On CUDA each graph is a CUDA graph (``triton.cudagraphs``)
+that writes the KV cache in place at a static address. Shapes are bucketed to bound the graphs compiled:
 
 * rows round up to a power of two (at most the cache's slots; without a cache, uncapped); padding
   rows compute on pad tokens, write their keys/values to the cache's scratch column and are dropped;
@@ -92,11 +92,10 @@ def raise_recompile_limits(graphs: int) -> None:
 
 
 def _layer(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns, rows: int, length: int,
-           context_rows: int, context_start: int, context_end: int,
-           whole_cache: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+           context_rows: int, context_start: int, context_end: int, whole_cache: tuple | None = None) -> torch.Tensor:
     """One layer over one part (``rows`` x ``length`` tokens), as eager runs it: ``context_rows`` 0, the
     part attends to its own keys; else to cache slots ``[0, context_rows)``, ``[context_start, context_end)``.
-    ``whole_cache`` (the cache, this layer's number): unrolled layers write through it (``StepPlan``)."""
+    Unrolled layers write through ``whole_cache`` (``StepPlan.whole_cache``)."""
     write = (write_slots, slice(None), slice(None), write_columns) if kv_layer is not None else None
     context = (kv_layer[:context_rows, :, :, context_start:context_end],) if context_rows else None
     plan = StepPlan([PartPlan(rows, length, 0, mask, write, context)], cos, signed_sin, (kv_layer,), whole_cache)
@@ -117,13 +116,10 @@ def _forward(model, tokens, positions, key_mask, key_positions, kv, write_slots,
             block_causal_mask(key_mask, positions, key_positions, block_size, model.dtype))
     x = model.embed(tokens.reshape(-1))
     for index, layer in enumerate(model.layers):
-        kv_layer = kv[index] if kv is not None else None
-        if nested_layers:
-            x = _layer_region(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns, rows, length,
-                              context_rows, context_start, context_end)
-        else:
-            x = _layer(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns, rows, length,
-                       context_rows, context_start, context_end, (kv, index) if kv is not None else None)
+        unrolled = functools.partial(_layer, whole_cache=None if kv is None else (kv, index))
+        run_layer = _layer_region if nested_layers else unrolled
+        x = run_layer(layer, x, cos, signed_sin, mask, kv[index] if kv is not None else None,
+                      write_slots, write_columns, rows, length, context_rows, context_start, context_end)
     return x
 
 
@@ -200,9 +196,8 @@ class CompiledForward:
                 self.shapes.discard(key)
                 logger.warning("compiling the %s step of %d rows x %d tokens failed (%s); this shape "
                                "runs eagerly from now on", key[0], key[1], key[2], cause)
-        if isinstance(part, RefreshPart):
-            return self.model.forward_step_eager(part, None, kv_cache)
-        return self.model.forward_step_eager(None, part, kv_cache)
+        refresh, window = (part, None) if isinstance(part, RefreshPart) else (None, part)
+        return self.model.forward_step_eager(refresh, window, kv_cache)
 
     @property
     def compile_failures(self) -> dict[str, str]:
