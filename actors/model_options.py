@@ -7,8 +7,8 @@ model, :class:`engine.models.options.ModelOptions`, not of its engines).
 from __future__ import annotations
 
 MODEL_OPTIONS = ("compile", "batch_invariant")  # options of the loaded model, not of its engines
-COMPILE_DESCRIPTION = ("load the model compiled: one graph per bucketed forward shape "
-                       "(engine/models/compiled.py); not with batch_invariant")
+COMPILE_DESCRIPTION = ("load the model compiled: exact shapes on the CPU, bucketed ones on CUDA "
+                       "(engine/models/compiled_shapes.py); not with batch_invariant")
 BATCH_INVARIANT_DESCRIPTION = ("load the model batch-invariant: a row's tokens independent of its batch in bf16 "
                                "too (each row's attention alone; on CUDA, process-wide cuBLAS settings)")
 

@@ -22,6 +22,10 @@ EXPERIMENTS: dict[str, Experiment] = {
                                 ScaleArgs(("--layers", "2", "--requests", "4", "--rounds", "1"), ("--rounds", "1"),
                                           ("--mixed",)), None, False,
                                 "eager vs compiled steps on a 32-layer tiny-dimension LLaDA"),
+    "compiled-job-step": Experiment("research.compiled_job_step",
+                                    ScaleArgs(("--prompts", "16"), ("--prompts", "64"), ("--prompts", "256")), None,
+                                    False, "eager vs compiled steps of the demo job's engine (tiny model, demo "
+                                    "prompts)"),
     "prefix-cache": Experiment("research.prefix_cache", SCALE_FLAG, OUT_DIR, False,
                                "prefix caching on vs off: a shared instruction and a chat replay, SDAR and LLaDA2"),
     "gpu-checks": Experiment("research.gpu_checks", ScaleArgs(("--smoke",)), OutArg(required=True), False,

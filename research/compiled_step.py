@@ -19,6 +19,8 @@ schedules on one compiled model and reports the graphs it compiled.
 ``--family`` picks the fixture (``tiny-llada``, ``tiny-dream``, ``tiny-sdar``, ``tiny-llada2``),
 ``--batch`` the engine's rows, ``--new-tokens`` one cap for every request (default: 1-3 blocks), and
 ``--profile`` adds where the compiled step's time goes by phase (``research.compiled_profile``).
+``--static-shapes`` compiles bucketed, static shapes, CUDA's rule, instead of the CPU's exact shapes
+(``engine.models.compiled_shapes``).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from benchmarks.summary import median
 from engine import BlockServeEngine, EngineConfig
 from engine.config import SCHEDULES
 from engine.models import ModelOptions, load_model
+from engine.models.compiled import CompiledForward
 from engine.models.loader import DiffusionLM, apply_model_options
 from engine.models.transformer import BidirectionalTransformer
 from research.compiled_profile import phase_shares
@@ -51,12 +54,14 @@ def timed_run(lm: DiffusionLM, prompts, params, batch: int = 8) -> tuple[list[li
 
 
 def lockstep(models: dict[bool, DiffusionLM], prompts, params, batch: int = 8,
-             profile: cProfile.Profile | None = None) -> tuple[dict, dict]:
+             profile: cProfile.Profile | None = None, config: EngineConfig | None = None) -> tuple[dict, dict]:
     """One engine per mode (compile False / True: each its own model object, loaded so, same weights),
     the same workload queued on each, stepped alternately: step i of both runs the same batch, side by
     side in time, so a change in the machine's load falls on both. Tokens and step times per mode;
-    ``profile``, when given, runs over the compiled engine's steps only."""
-    engines = {mode: BlockServeEngine(lm, EngineConfig(max_batch_size=batch)) for mode, lm in models.items()}
+    ``profile``, when given, runs over the compiled engine's steps only; ``config`` replaces the engine
+    config of ``batch`` rows."""
+    config = config or EngineConfig(max_batch_size=batch)
+    engines = {mode: BlockServeEngine(lm, config) for mode, lm in models.items()}
     ids = {mode: [engine.add_request(p, q) for p, q in zip(prompts, params)] for mode, engine in engines.items()}
     outputs = {mode: {} for mode in engines}
     times = {mode: [] for mode in engines}
@@ -131,9 +136,11 @@ class Workload:
 
 
 def eager_vs_compiled(layers: int, workload: Workload, rounds: int, hidden: int | None = None,
-                      heads: int | None = None, profile: bool = False, floor: bool = True) -> dict:
+                      heads: int | None = None, profile: bool = False, floor: bool = True,
+                      static_shapes: bool = False) -> dict:
     models = {mode: llada_shaped(layers, hidden, heads, mode, workload.family) for mode in (False, True)}
     lm = models[True]
+    lm.model.compiled = CompiledForward(lm.model, static_shapes)
     prompts, params = workload.prompts(lm)
     started = time.perf_counter()
     timed_run(lm, prompts, params, workload.batch)  # compiles every bucket this workload meets
@@ -156,7 +163,7 @@ def eager_vs_compiled(layers: int, workload: Workload, rounds: int, hidden: int 
             "compiled_over_eager": round(compiled / eager, 3),
             "per_round_ratios": [round(c / e, 3) for e, c in zip(medians[False], medians[True])],
             "kernel_ms": kernel_floor(models, prompts, params, workload.batch) if floor else None,
-            "compile_s": round(compile_s, 1), "graphs": lm.model.compiled.num_graphs,
+            "compile_s": round(compile_s, 1), "graphs": lm.model.compiled.num_graphs, "static_shapes": static_shapes,
             "tokens_equal": sum(a == b for a, b in zip(tokens[False], tokens[True])), "of": workload.requests} | phases
 
 
@@ -174,7 +181,7 @@ def mixed_graph_count(count: int = 64) -> dict:
         while engine.has_unfinished_requests():
             engine.step()
     return {"requests": count, "schedules": list(SCHEDULES), "graphs": lm.model.compiled.num_graphs,
-            "shapes": sorted(map(list, lm.model.compiled.shapes))}
+            "shapes": sorted(map(list, lm.model.compiled.shapes), key=str)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -189,13 +196,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--new-tokens", type=int, default=None, help="every request's cap (default: 1-3 blocks)")
     parser.add_argument("--profile", action="store_true", help="also the compiled step's time by phase")
     parser.add_argument("--mixed", action="store_true")
+    parser.add_argument("--static-shapes", action="store_true", help="bucketed static shapes (CUDA's rule)")
     parser.add_argument("--no-kernel-floor", action="store_true",
                         help="skip the profiled kernel floor (a deep MoE copy's trace took over ten minutes)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # host cost, not parallel arithmetic
     workload = Workload(args.family, args.requests, args.batch, args.new_tokens)
     result = {"step": eager_vs_compiled(args.layers, workload, args.rounds, args.hidden, args.heads, args.profile,
-                                        not args.no_kernel_floor)}
+                                        not args.no_kernel_floor, args.static_shapes)}
     if args.mixed:
         result["mixed"] = mixed_graph_count()
     print(json.dumps(result))

@@ -141,7 +141,7 @@ def eager_vs_compiled(models: dict[str, DiffusionLM], requests: int, new_tokens:
             "eager_step_ms": steps["eager"], "compiled_step_ms": steps["compiled"],
             "compiled_over_eager": steps["compiled"] / steps["eager"] if steps["eager"] and steps["compiled"] else None,
             "tokens_equal": equal, "of": requests, "warmup_s": compile_s,
-            "graphs": lm.model.compiled.num_graphs, "shapes": sorted(map(list, lm.model.compiled.shapes)),
+            "graphs": lm.model.compiled.num_graphs, "shapes": sorted(map(list, lm.model.compiled.shapes), key=str),
             "compile_failures": lm.model.compiled.compile_failures,
             "cuda_graphs_captured": warmup["capture_begin"] + measured["capture_begin"],
             "captured_after_warmup": measured["capture_begin"], "cuda_graph_replays": measured["replay"],

@@ -1,5 +1,7 @@
-"""load_model(..., compile=True): forwards compiled over bucketed shapes give the tokens of the eager
-engine, batched equals solo, and a run compiles a bounded number of graphs (on CUDA: captured)."""
+"""load_model(..., compile=True) with static shapes, CUDA's rule (``engine.models.compiled_shapes``), run
+on the CPU: forwards compiled over bucketed shapes give the tokens of the eager engine, batched equals
+solo, a run compiles a bounded number of graphs, and every step of a bucket refills the same buffers
+(the contract captured CUDA graphs replay on)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,12 +13,19 @@ import torch
 from torch._dynamo.utils import counters
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
-from engine.models import ModelOptions, compiled as compiled_module, load_model
-from engine.models.compiled import bucket, max_graphs
+from engine.models import ModelOptions, compiled_shapes, load_model
+from engine.models.compiled import CompiledForward
+from engine.models.compiled_shapes import bucket, max_graphs
 from engine.models.loader import apply_model_options
 from engine.models.transformer import BidirectionalTransformer
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tiny-llada"
+
+
+def static(lm):
+    """``lm`` compiled over static, bucketed shapes, as on CUDA (on the CPU the default is exact shapes)."""
+    lm.model.compiled = CompiledForward(lm.model, static_shapes=True)
+    return lm
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +40,7 @@ def workload():
 @pytest.fixture(scope="module")
 def compiled_run(workload):
     """One compiled model (compiled once per test session's shapes), its batched outputs."""
-    lm = load_model(FIXTURE, dtype="float32", compile=True)
+    lm = static(load_model(FIXTURE, dtype="float32", compile=True))
     engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2))
     graphs_before = counters["stats"]["unique_graphs"]
     outputs = [o.token_ids for o in engine.generate(*workload)]
@@ -45,7 +54,7 @@ def random_model(lm, seed: int, compile: bool, **changes):
     torch.manual_seed(seed)
     model = BidirectionalTransformer(dataclasses.replace(lm.model.config, **changes)).eval().requires_grad_(False)
     apply_model_options(model, ModelOptions(compile=compile))
-    return dataclasses.replace(lm, model=model)
+    return static(dataclasses.replace(lm, model=model)) if compile else dataclasses.replace(lm, model=model)
 
 
 def test_buckets_round_rows_to_powers_of_two_and_widths_to_the_next_listed_width():
@@ -105,13 +114,13 @@ def recorded_calls(lm, workload) -> list[tuple[tuple, tuple]]:
     forward = lm.model.compiled
     graph, calls = forward.forward, []
 
-    def recording(model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns, rows,
-                  length, context_rows, *rest):
+    def recording(model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns, window,
+                  *rest):
         inputs = (tokens, positions, key_mask, key_positions, write_slots, write_columns)
-        calls.append(((context_rows > 0, rows, length, key_mask.shape[1]),
+        calls.append(((window, *tokens.shape, key_mask.shape[1]),
                       tuple(None if t is None else (t.data_ptr(), tuple(t.shape)) for t in inputs)))
-        return graph(model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns, rows,
-                     length, context_rows, *rest)
+        return graph(model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns, window,
+                     *rest)
 
     forward.forward = recording
     try:
@@ -144,7 +153,7 @@ def test_a_compiled_step_buckets_its_shapes_in_a_few_calls_not_one_per_width(com
     counted once per shape of the run, not at every forward (thousands of bucket calls a step)."""
     lm, _, _ = compiled_run
     calls = []
-    monkeypatch.setattr(compiled_module, "bucket", lambda *args: calls.append(args) or bucket(*args))
+    monkeypatch.setattr(compiled_shapes, "bucket", lambda *args: calls.append(args) or bucket(*args))
     engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2))
     engine.generate(*workload)
     assert 0 < len(calls) <= 8 * engine.stats().denoise_steps
@@ -190,7 +199,7 @@ def two_waves(engine: BlockServeEngine) -> list[list[int]]:
 
 
 def test_an_engine_thread_compiles_more_shapes_than_torchs_default_limit_without_failing():
-    lm = load_model(FIXTURE, dtype="float32", compile=True)
+    lm = static(load_model(FIXTURE, dtype="float32", compile=True))
     engine = BlockServeEngine(lm, EngineConfig(max_batch_size=16))
     compiled = run_in_new_thread(lambda: two_waves(engine))
     forward = lm.model.compiled

@@ -4,11 +4,11 @@ Each bucketed shape (kind, rows, length, keys) gets one set of input tensors the
 token ids, positions, the key mask, the keys' positions (block-causal windows) and the cache
 columns and slots its keys and values are written to. Every later step of that shape refills the same
 tensors in place, so the graph sees the same addresses and shapes at every call. That is the static-shape
-contract a captured graph needs to replay a bucket without recording it again; on the CPU it saves the
-allocations of the padded copies too.
+contract a captured graph needs to replay a bucket without recording it again.
 
-The compiled forward runs each part's whole box (rows x length, both bucketed), so its token count is
-the bucket's, never a step's count of real tokens: a packed token count does not reach the graph.
+With exact shapes (``engine.models.compiled_shapes``, the CPU) each forward gets new tensors of its own
+shape instead: there is no graph to replay, and keeping one set per shape would hold one for every width.
+The compiled forward runs each part's whole box (rows x length), never a packed count of real tokens.
 """
 from __future__ import annotations
 
@@ -41,23 +41,27 @@ class StaticInputs:
     buckets: dict[tuple, BucketInputs]
 
     def get(self, key: tuple, device: torch.device) -> BucketInputs:
-        """The buffers of ``key``'s graph, allocated on first use. A window's write slots are its rows'
-        slots ``[0, rows)`` at every step: filled here, once."""
+        """The buffers of ``key``'s graph, allocated on first use."""
         inputs = self.buckets.get(key)
-        if inputs is not None:
-            return inputs
-        kind, rows, length, keys, writes, block_causal = key
-        long = {"dtype": torch.long, "device": device}
-        inputs = BucketInputs(
-            tokens=torch.zeros(rows, length, **long), positions=torch.zeros(rows, length, **long),
-            key_mask=torch.zeros(rows, keys, dtype=torch.bool, device=device),
-            key_positions=torch.zeros(rows, keys, **long) if block_causal and kind == "window" else None,
-            write_slots=torch.zeros(rows, 1, **long) if writes else None,
-            write_columns=torch.zeros(rows, length, **long) if writes else None)
-        if writes and kind == "window":
-            inputs.write_slots[:, 0] = torch.arange(rows, device=device)
-        self.buckets[key] = inputs
+        if inputs is None:
+            inputs = self.buckets[key] = allocate(key, device)
         return inputs
+
+
+def allocate(key: tuple, device: torch.device) -> BucketInputs:
+    """New input tensors of the shape ``key`` (``(kind, rows, length, keys, writes, block_causal)``). A
+    window's write slots are its rows' slots ``[0, rows)`` at every step: filled here, once."""
+    kind, rows, length, keys, writes, block_causal = key
+    long = {"dtype": torch.long, "device": device}
+    inputs = BucketInputs(
+        tokens=torch.zeros(rows, length, **long), positions=torch.zeros(rows, length, **long),
+        key_mask=torch.zeros(rows, keys, dtype=torch.bool, device=device),
+        key_positions=torch.zeros(rows, keys, **long) if block_causal and kind == "window" else None,
+        write_slots=torch.zeros(rows, 1, **long) if writes else None,
+        write_columns=torch.zeros(rows, length, **long) if writes else None)
+    if writes and kind == "window":
+        inputs.write_slots[:, 0] = torch.arange(rows, device=device)
+    return inputs
 
 
 def fill(buffer: torch.Tensor, tensor: torch.Tensor, value, left: int = 0) -> torch.Tensor:

@@ -10,10 +10,10 @@ def _fail(field: str, message: str) -> None:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """``compile``: one compiled graph per bucketed forward shape (``engine.models.compiled``); off by
-    default until a GPU run shows it wins. ``batch_invariant``: a row's tokens independent of its batch
-    in bf16 too: each row's attention on its own keys, and on CUDA process-wide cuBLAS settings
-    (``engine.models.batch_invariance``)."""
+    """``compile``: forwards run as compiled graphs (``engine.models.compiled``), at exact shapes on
+    the CPU and bucketed ones on CUDA; off by default until a GPU run shows it wins.
+    ``batch_invariant``: a row's tokens independent of its batch in bf16 too: each row's attention
+    on its own keys, and on CUDA process-wide cuBLAS settings (``engine.models.batch_invariance``)."""
 
     compile: bool = False
     batch_invariant: bool = False
