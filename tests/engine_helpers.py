@@ -1,6 +1,8 @@
 """Shared by the engine tests: chat prompts, a mixed workload of held-out rows, and a recorder of steps."""
 from __future__ import annotations
 
+from engine import SamplingParams
+
 BLOCK = 32
 
 
@@ -44,3 +46,14 @@ def mixed_workload(rows, count=16):
     prompts = [chat(row["prompt"]) for row in rows[:count]]
     caps = [BLOCK * (1 + index % 3) for index in range(count)]
     return prompts, caps
+
+
+def two_waves(engine) -> list[list[int]]:
+    """Twelve rows of 10-21 tokens, then twelve of 70-81, leaving at different blocks: refresh and window
+    forwards of many row counts at two widths."""
+    outputs = []
+    for prompt_length in (10, 70):
+        prompts = [[3 + (7 * i + j) % 60 for j in range(prompt_length + i)] for i in range(12)]
+        params = [SamplingParams(max_new_tokens=32 * (1 + i % 4), stop_at_eos=False) for i in range(12)]
+        outputs += [o.token_ids for o in engine.generate(prompts, params)]
+    return outputs

@@ -18,6 +18,7 @@ from engine.models.compiled import CompiledForward
 from engine.models.compiled_shapes import bucket, max_graphs
 from engine.models.loader import apply_model_options
 from engine.models.transformer import BidirectionalTransformer
+from tests.engine_helpers import two_waves
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tiny-llada"
 
@@ -186,16 +187,6 @@ def run_in_new_thread(function):
         raise result["error"]
     return result["value"]
 
-
-def two_waves(engine: BlockServeEngine) -> list[list[int]]:
-    """Twelve short rows, then twelve wider ones, leaving at different blocks: both widths meet refresh
-    and window forwards of 16, 8 and 4 rows (12 graphs)."""
-    outputs = []
-    for prompt_length in (10, 70):
-        prompts = [[3 + (7 * i + j) % 60 for j in range(prompt_length + i)] for i in range(12)]
-        params = [SamplingParams(max_new_tokens=32 * (1 + i % 4), stop_at_eos=False) for i in range(12)]
-        outputs += [o.token_ids for o in engine.generate(prompts, params)]
-    return outputs
 
 
 def test_an_engine_thread_compiles_more_shapes_than_torchs_default_limit_without_failing():

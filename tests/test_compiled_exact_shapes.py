@@ -17,6 +17,7 @@ from engine.models.compiled import CompiledForward
 from engine.models.compiled_shapes import ANY, WIDTH_BUCKETS, CompiledShapes
 from engine.models.loader import apply_model_options
 from engine.models.transformer import BidirectionalTransformer
+from tests.engine_helpers import two_waves
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -30,16 +31,6 @@ def fresh_weights(lm, compile: bool):
     apply_model_options(model, ModelOptions(compile=compile))
     return dataclasses.replace(lm, model=model)
 
-
-def waves(engine: BlockServeEngine) -> list[list[int]]:
-    """Twelve rows of 10-21 tokens, then twelve of 70-81, leaving at different blocks: refresh and
-    window forwards of many row counts and widths."""
-    outputs = []
-    for prompt_length in (10, 70):
-        prompts = [[3 + (7 * i + j) % 60 for j in range(prompt_length + i)] for i in range(12)]
-        params = [SamplingParams(max_new_tokens=32 * (1 + i % 4), stop_at_eos=False) for i in range(12)]
-        outputs += [o.token_ids for o in engine.generate(prompts, params)]
-    return outputs
 
 
 def recorded_shapes(forward: CompiledForward, run) -> list[tuple]:
@@ -65,7 +56,7 @@ def llada_waves():
     graphs_before = counters["stats"]["unique_graphs"]
     outputs = {}
     calls = recorded_shapes(forward, lambda: outputs.update(
-        tokens=waves(BlockServeEngine(lm, EngineConfig(max_batch_size=16)))))
+        tokens=two_waves(BlockServeEngine(lm, EngineConfig(max_batch_size=16)))))
     return lm, outputs["tokens"], calls, counters["stats"]["unique_graphs"] - graphs_before
 
 
@@ -82,7 +73,7 @@ def test_on_the_cpu_a_compiled_model_runs_exact_shapes_and_static_buckets_only_w
 def test_exact_shapes_give_the_eager_engines_tokens(llada_waves):
     lm, compiled, _, _ = llada_waves
     eager = fresh_weights(load_model(FIXTURES / "tiny-llada", dtype="float32"), compile=False)
-    assert waves(BlockServeEngine(eager, EngineConfig(max_batch_size=16))) == compiled
+    assert two_waves(BlockServeEngine(eager, EngineConfig(max_batch_size=16))) == compiled
 
 
 def test_exact_shapes_compile_four_graphs_for_a_run_of_many_widths_and_row_counts(llada_waves):
