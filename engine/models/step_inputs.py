@@ -11,6 +11,16 @@ from dataclasses import dataclass
 
 import torch
 
+# A window's attention reads a multiple of this many keys. On this CPU, flash attention over 106 keys
+# takes 1.6x the time of 112 keys (its vector loop over keys has a slow tail, any head size or dtype);
+# CUDA's memory-efficient kernel pads a mask whose rows are not a multiple of 16 wide.
+KEY_ALIGNMENT = 16
+
+
+def aligned_keys(keys: int, most: int) -> int:
+    """``keys`` rounded up to a multiple of :data:`KEY_ALIGNMENT`, at most ``most``."""
+    return min(-(-keys // KEY_ALIGNMENT) * KEY_ALIGNMENT, most)
+
 
 class BlockAttention:
     """What a part's ``block_size`` says: attention over blocks of that many positions, rows left-aligned."""
@@ -52,14 +62,16 @@ class WindowPart(BlockAttention):
 
     Row i holds cache slot i: the window rows are packed into slots ``[0, rows)``, in order. Its own
     keys/values replace the cached ones at ``columns``. Attention reads cache columns from
-    ``context_start`` on (the bounding box of these rows). The hidden states of positions
+    ``context_start`` on: the bounding box of these rows, widened to the left to a multiple of
+    :data:`KEY_ALIGNMENT` columns, which are no row's keys. The hidden states of positions
     ``max(j - read_shift, 0)`` for ``j < num_read`` are returned: with a shifted family whose window
     starts at the block (``read_shift`` 1), block position j is predicted by window position j - 1.
     With ``read_columns`` set, row i returns the hidden states of its window positions
     ``read_columns[i]`` instead (a block-causal row whose window also rewrites its finished block).
 
-    Block-causal windows (``block_size`` set) read the cache columns ``[context_start, context_end)``
-    and need each of those keys' positions (``key_positions``) to mask keys of later blocks.
+    Block-causal windows (``block_size`` set) read the cache columns ``[context_start, context_end)``,
+    up to the rows' furthest active block widened to the right to a multiple of :data:`KEY_ALIGNMENT`.
+    They need each of those keys' positions (``key_positions``) to mask keys of later blocks.
     """
 
     tokens: torch.Tensor

@@ -111,12 +111,16 @@ def _record(batch: PersistentBatch, parts: StepParts, refresh: Sequence[Request]
         refresh_width=refresh_part.tokens.shape[1] if refresh_part is not None else 0,
         window_rows=len(window),
         window_tokens=window_part.tokens.shape[1] if window_part is not None else 0,
-        window_context=((window_part.context_end or batch.width) - window_part.context_start
-                        if window_part is not None else 0),
+        window_context=_window_box(window_part, batch.width) if window_part is not None else 0,
         logit_positions=logit_positions,
         real_tokens=sum(parts.real_columns(batch, r) for r in (*refresh, *window)),
         refresh_pad_tokens=_pad_tokens(refresh_part.tokens, refresh_part.row_widths) if refresh_part else 0,
         window_pad_tokens=_pad_tokens(window_part.tokens, window_part.row_tokens) if window_part else 0)
+
+
+def _window_box(part: WindowPart, width: int) -> int:
+    """Keys of the window rows' bounding box: its widest row's (its context before key alignment)."""
+    return max(part.row_widths) if part.row_widths else (part.context_end or width) - part.context_start
 
 
 def _pad_tokens(box: torch.Tensor, row_tokens: tuple[int, ...]) -> int:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.models.step_inputs import RefreshPart, WindowPart
+from engine.models.step_inputs import RefreshPart, WindowPart, aligned_keys
 from engine.runner.batch import PersistentBatch, to_device
 from engine.scheduling.outputs import SchedulerOutput
 from engine.scheduling.request import Request
@@ -55,7 +55,8 @@ class BlockCausalParts:
         columns_flat, safe_flat, reads_flat = to_device(batch.tokens, columns, safe, reads)
         safe_box = safe_flat.view(len(rows), length)
         ends = tuple(start + block_length for start in starts)
-        context_end = max(ends)
+        # columns past a row's active block hold later positions: the block-causal mask hides them
+        context_end = aligned_keys(max(ends), width)
         slot_rows = slots[:, None]  # packed: slots [0, n)
         return WindowPart(tokens=batch.tokens[slot_rows, safe_box], positions=batch.positions[slot_rows, safe_box],
                           columns=columns_flat.view(len(rows), length), context_start=0, num_read=block_length,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.models.step_inputs import RefreshPart, WindowPart
+from engine.models.step_inputs import RefreshPart, WindowPart, aligned_keys
 from engine.runner.batch import PersistentBatch
 from engine.scheduling.outputs import SchedulerOutput
 from engine.scheduling.request import Request
@@ -55,8 +55,10 @@ class FullAttentionParts:
         columns = columns.masked_fill(columns >= width, width)
         safe = columns.masked_fill(columns >= width, 0)
         slot_rows = slots[:, None]  # packed: slots [0, n)
+        # columns left of a row are never its keys (PersistentBatch.place), so widening the box is free
+        context = aligned_keys(max(r.width for r in rows), width)
         return WindowPart(tokens=batch.tokens[slot_rows, safe], positions=batch.positions[slot_rows, safe],
-                          columns=columns, context_start=width - max(r.width for r in rows),
+                          columns=columns, context_start=width - context,
                           num_read=batch.block_length, read_shift=batch.logit_shift - lookback,
                           row_widths=tuple(r.width for r in rows), row_tokens=row_tokens)
 
