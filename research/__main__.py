@@ -26,6 +26,10 @@ EXPERIMENTS: dict[str, Experiment] = {
                                     ScaleArgs(("--prompts", "16"), ("--prompts", "64"), ("--prompts", "256")), None,
                                     False, "eager vs compiled steps of the demo job's engine (tiny model, demo "
                                     "prompts)"),
+    "key-alignment": Experiment("research.key_alignment",
+                                ScaleArgs(("--layers", "2", "--requests", "4", "--rounds", "1"), ("--rounds", "1"),
+                                          ()), None, False,
+                                "windows reading a multiple of 16 keys vs their exact box, eager and compiled"),
     "prefix-cache": Experiment("research.prefix_cache", SCALE_FLAG, OUT_DIR, False,
                                "prefix caching on vs off: a shared instruction and a chat replay, SDAR and LLaDA2"),
     "gpu-checks": Experiment("research.gpu_checks", ScaleArgs(("--smoke",)), OutArg(required=True), False,
