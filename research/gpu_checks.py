@@ -5,10 +5,10 @@
 
 Stages, in this order (``--stages`` picks some):
 
-1. ``compiled``: each family's test fixture, 32 layers deep (LLaDA2: 8, as its layers compile one by
-   one), float32, 16 requests of 64 new tokens at batch 16. Eager and compiled engines step alternately
-   on the same weights. Reported: the median step of each, the tokens compared, the graphs compiled, and
-   the CUDA graphs captured and replayed (counted at ``torch.cuda.CUDAGraph``'s capture and replay).
+1. ``compiled``: each family's test fixture, 32 layers deep, float32, 16 requests of 64 new tokens at
+   batch 16. Eager and compiled engines step alternately on the same weights. Reported: the median
+   step of each, the tokens compared, the graphs compiled, and the CUDA graphs captured and replayed
+   (counted at ``torch.cuda.CUDAGraph``'s capture and replay).
 2. ``prefix-cache``: SDAR-8B's layer shapes (36 layers, hidden 4096, 32 query and 8 key/value heads, MLP
    12288) with random bf16 weights and the SDAR fixture's tokenizer and vocabulary; one 1,024-token
    instruction before 64 distinct questions, 64-token answers, the cache on against off, interleaved
@@ -51,7 +51,7 @@ from research import prefix_cache
 from research.compiled_step import Workload
 
 STAGES = ("compiled", "prefix-cache", "compiled-8b")  # the default, in the order they run
-FAMILY_LAYERS = {"tiny-llada": 32, "tiny-sdar": 32, "tiny-llada2": 8, "tiny-dream": 32}
+FAMILY_LAYERS = {"tiny-llada": 32, "tiny-sdar": 32, "tiny-llada2": 32, "tiny-dream": 32}
 SDAR_8B = dict(num_layers=36, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=12288)
 LLADA_8B = dict(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, intermediate_size=12288)
 SMOKE_DIMS = dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128)

@@ -200,7 +200,8 @@ def test_a_compiled_float32_engine_gives_the_eager_engines_tokens(name, lengths,
 @pytest.mark.parametrize("name", FAMILIES)
 def test_a_compiled_prefill_writes_every_layers_keys_and_values_as_eager_does(name):
     """The window steps read what the prefill wrote, so a lost write in any layer changes every token after
-    the first step (mixture-of-experts layers are traced inline for this reason)."""
+    the first step. LLaDA2's layers are two kinds of region, and a region dynamo inlines loses the writes
+    of the regions after it."""
     import torch
 
     config = EngineConfig(block_length=BLOCK, decoding="low_confidence_dynamic", steps_per_block=4, max_batch_size=2)

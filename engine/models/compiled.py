@@ -2,10 +2,9 @@
 
 Eager, a layer issues ~40 aten operations, each a dispatch (on a GPU a kernel launch). Compiled, a forward
 (embedding, rotary tables, mask and every layer) is one call of generated code, with one set of guards per
-call, its elementwise work fused. A dense model's layer (LLaDA, Dream, SDAR) is a nested compile region:
-traced once, its code stamped out for every layer, so compile time does not grow with depth. A
-mixture-of-experts model's layers (LLaDA2) are traced one after the other (in a nested region their cache
-writes are lost, torch 2.13), each writing into the whole cache. The layer's sequence is the eager one
+call, its elementwise work fused. A layer is a nested compile region: traced once per kind of layer
+(LLaDA2 has two, its dense first layer and its expert layers), its code stamped out for every layer of
+that kind, so compile time does not grow with depth. The layer's sequence is the eager one
 (:class:`Layer` ``.forward`` over a one-part plan). On CUDA each graph is a CUDA graph (``triton.cudagraphs``)
 that writes the KV cache in place at a static address. Which shapes the graphs are compiled for, static
 buckets on CUDA or exact, dynamic shapes on the CPU, is ``engine.models.compiled_shapes``'s rule.
@@ -41,28 +40,31 @@ COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.Fail
 logger = logging.getLogger(__name__)
 
 
-_thread_limits = threading.local()
+_thread_config = threading.local()
 
 
-def raise_recompile_limits(graphs: int) -> None:
-    """Let dynamo keep ``graphs`` entries for ``_forward`` in the calling thread (dynamo's config
-    values are per thread, so the engine loop's thread needs its own)."""
-    if getattr(_thread_limits, "graphs", 0) >= graphs:
+def configure_dynamo(graphs: int) -> None:
+    """Let dynamo keep ``graphs`` entries for ``_forward`` in the calling thread, and keep every layer
+    region a region (dynamo's config values are per thread, so the engine loop's thread needs its own).
+
+    Dynamo inlines a region called once, such as LLaDA2's one dense first layer. The regions after it
+    then write a copy of the cache, and their keys and values are lost (torch 2.13)."""
+    if getattr(_thread_config, "graphs", 0) >= graphs:
         return
     config = torch._dynamo.config
+    config.inline_single_use_invoke_subgraph = False
     config.recompile_limit = max(config.recompile_limit, graphs)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * graphs)
-    _thread_limits.graphs = graphs
+    _thread_config.graphs = graphs
 
 
 def _layer(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns, rows: int, length: int,
-           context_rows: int, context_start: int, context_end: int, whole_cache: tuple | None = None) -> torch.Tensor:
+           context_rows: int, context_start: int, context_end: int) -> torch.Tensor:
     """One layer over one part (``rows`` x ``length`` tokens), as eager runs it: ``context_rows`` 0, the
-    part attends to its own keys; else to cache slots ``[0, context_rows)``, ``[context_start, context_end)``.
-    Unrolled layers write through ``whole_cache`` (``StepPlan.whole_cache``)."""
+    part attends to its own keys; else to cache slots ``[0, context_rows)``, ``[context_start, context_end)``."""
     write = (write_slots, slice(None), slice(None), write_columns) if kv_layer is not None else None
     context = (kv_layer[:context_rows, :, :, context_start:context_end],) if context_rows else None
-    plan = StepPlan([PartPlan(rows, length, 0, mask, write, context)], cos, signed_sin, (kv_layer,), whole_cache)
+    plan = StepPlan([PartPlan(rows, length, 0, mask, write, context)], cos, signed_sin, (kv_layer,))
     return layer(x, plan, 0)
 
 
@@ -70,34 +72,30 @@ _layer_region = torch.compiler.nested_compile_region(_layer)
 
 
 def _forward(model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns, window: bool,
-             block_size: int | None, nested_layers: bool, tables: tuple | None = None) -> torch.Tensor:
+             block_size: int | None) -> torch.Tensor:
     """Embedding, rotary tables, mask and every layer of one part, ``[rows * length, hidden]``.
 
     Every size comes from the inputs' shapes, so an exact-shape graph traces them as sizes: a
     ``window`` reads cache slots ``[0, rows)`` and as many columns as ``key_mask`` has, from column 0
     when block-causal (``block_size`` set: masks from the queries' and keys' positions), else up to
-    the cache's width. The layers are one nested compile region when ``nested_layers``, else
-    unrolled, with the rotary ``tables`` given."""
+    the cache's width."""
     rows, length = tokens.shape
     keys = key_mask.shape[1]
     width = kv.shape[4] - 1 if kv is not None else 0
     context = (rows, 0, keys) if block_size is not None else (rows, width - keys, width)
     context_rows, context_start, context_end = context if window else (0, 0, 0)
-    cos, signed_sin = tables if tables is not None else _tables(model, positions)
+    cos, signed_sin = _tables(model, positions)
     mask = (additive_mask(key_mask, model.dtype) if block_size is None else
             block_causal_mask(key_mask, positions, key_positions, block_size, model.dtype))
     x = model.embed(tokens.reshape(-1))
     for index, layer in enumerate(model.layers):
-        unrolled = functools.partial(_layer, whole_cache=None if kv is None else (kv, index))
-        run_layer = _layer_region if nested_layers else unrolled
-        x = run_layer(layer, x, cos, signed_sin, mask, kv[index] if kv is not None else None,
+        x = _layer_region(layer, x, cos, signed_sin, mask, kv[index] if kv is not None else None,
                       write_slots, write_columns, rows, length, context_rows, context_start, context_end)
     return x
 
 
 def _tables(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rotary tables of a part's positions. Unrolled layers get them computed before the graph:
-    inside it, inductor would fuse their sines and cosines into every layer's kernels, once a layer."""
+    """The rotary tables of a part's positions, computed once before the layers."""
     config = model.config
     return rotary_tables(positions.reshape(-1), config.rotary_dim, config.rope_theta,
                          rotary_dtype(model.dtype, config.rope_full_precision))
@@ -144,7 +142,6 @@ class CompiledForward:
         self.shape_rule = CompiledShapes(self.cuda_graphs if static_shapes is None else static_shapes)
         moe = model.config.moe
         self.forward = compiled_forward(self.cuda_graphs, moe is None or moe.first_k_dense_replace == 0)
-        self.nested_layers = moe is None  # see the module docstring
         self.static_caches: set[int] = set()
         self.shapes: set[tuple] = set()  # the graphs run so far, by CompiledShapes.graph key
         self.inputs = StaticInputs({})  # static shapes: each bucket's input buffers, refilled every step
@@ -162,7 +159,7 @@ class CompiledForward:
     def _part(self, run, part: RefreshPart | WindowPart, kv_cache: KVCache | None) -> torch.Tensor:
         """One part through its compiled graph, or eagerly if that graph failed to compile."""
         width = kv_cache.width if kv_cache is not None else part.tokens.shape[1]
-        raise_recompile_limits(max_graphs(row_cap(part, kv_cache), width))
+        configure_dynamo(max_graphs(row_cap(part, kv_cache), width))
         key = self._shape_key(part, kv_cache)
         refresh, window = (part, None) if isinstance(part, RefreshPart) else (None, part)
         if key not in self.eager_shapes:
@@ -238,12 +235,9 @@ class CompiledForward:
                 torch._dynamo.mark_static_address(kv)  # captured graphs write the cache in place
                 self.static_caches.add(id(kv))
             torch.compiler.cudagraph_mark_step_begin()  # earlier outputs were copied out (see _read)
-        tables = None if self.nested_layers else _tables(self.model, inputs.positions)
         self.shape_rule.mark(inputs.tensors())
-        if tables is not None:
-            self.shape_rule.mark(tables, dims=1)
         return self.forward(self.model, inputs.tokens, inputs.positions, inputs.key_mask, key_positions, kv,
-                            inputs.write_slots, inputs.write_columns, window, block_size, self.nested_layers, tables)
+                            inputs.write_slots, inputs.write_columns, window, block_size)
 
     def _read(self, part: RefreshPart | WindowPart, hidden: torch.Tensor) -> torch.Tensor:
         """The part's hidden states, as a tensor of its own (a captured graph's output is overwritten

@@ -9,22 +9,6 @@ import torch
 from engine.models.config import TransformerConfig
 
 
-def write_layer(layer: torch.Tensor, index: tuple, new_kv: torch.Tensor,
-                whole_cache: tuple[torch.Tensor, int] | None = None) -> None:
-    """Write a part's keys/values ``new_kv`` into one layer's cache at ``index`` (slots, :, :, columns).
-
-    With ``whole_cache`` (the cache's :attr:`KVCache.data`, this layer's number) the write is one index
-    assignment into the whole cache. A compiled graph of unrolled layers keeps that one in place; an
-    assignment into a layer's view makes it copy the layer's whole cache around each write.
-    """
-    if whole_cache is None:
-        layer[index] = new_kv
-        return
-    cache, number = whole_cache
-    slots, columns = index[0], index[3]
-    cache[torch.full_like(slots, number), slots, :, :, columns] = new_kv
-
-
 class KVCache:
     """Preallocated keys/values of every layer in one tensor, :attr:`data`
     ``[layers, slots, 2 (key, value), kv_heads, width + 1, head_dim]``, written in place.

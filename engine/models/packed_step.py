@@ -65,8 +65,6 @@ class StepPlan:
     cos: torch.Tensor  # [tokens, 1, head_dim]
     signed_sin: torch.Tensor
     layers: tuple[torch.Tensor, ...] | None  # the cache's per-layer tensors
-    whole_cache: tuple[torch.Tensor, int] | None = None  # (the whole cache, the layer's number): the
-    # layer writes through it (compiled unrolled layers; engine.models.kv_cache.write_layer)
 
     @property
     def num_tokens(self) -> int:

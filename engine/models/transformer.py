@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from engine.models.config import TransformerConfig
-from engine.models.kv_cache import KVCache, write_layer
+from engine.models.kv_cache import KVCache
 from engine.models.layers import RMSNorm, attend, rotate_
 from engine.models.moe import MoE
 from engine.models.options import ModelOptions
@@ -86,7 +86,7 @@ class Attention(nn.Module):
         qkv = part.to_box(qkv).view(part.rows, part.length, -1, self.head_dim)
         new_kv = qkv[:, :, self.num_heads:].view(part.rows, part.length, 2, self.num_kv_heads, self.head_dim)
         if part.write_index is not None:
-            write_layer(plan.layers[layer], part.write_index, new_kv, plan.whole_cache)
+            plan.layers[layer][part.write_index] = new_kv
         q = qkv[:, :, :self.num_heads]
         if self.batch_invariant:
             return part.from_box(self._attend_each_row(q, new_kv, part, layer))
