@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from torch._dynamo.utils import counters
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models import ModelOptions, compiled_shapes, load_model
-from engine.models.compiled import CompiledForward
+from engine.models.compiled import CompiledForward, guards_up_to_layer
 from engine.models.compiled_shapes import bucket, max_graphs
 from engine.models.loader import apply_model_options
 from engine.models.transformer import BidirectionalTransformer
@@ -95,6 +96,15 @@ def test_a_model_one_layer_deeper_gets_graphs_of_its_own(compiled_run, workload)
     assert counters["stats"]["unique_graphs"] > graphs_before  # compiled anew, not the shallower model's
     eager = BlockServeEngine(deeper[False], EngineConfig(max_batch_size=2)).generate(prompts[:2], params[:2])
     assert [o.token_ids for o in compiled] == [o.token_ids for o in eager]
+
+
+def test_guards_stay_on_the_first_layer_of_each_kind_and_leave_the_later_ones():
+    """LLaDA2's dense layer 0 and its first expert layer 1 keep their guards; layers 2 and up, built
+    like layer 1, drop theirs. Guards outside the layers always stay."""
+    names = [f"L['model']._modules['layers']._modules['{i}']._parameters['weight']" for i in range(4)]
+    guards = [SimpleNamespace(name=name) for name in names + ["L['tokens']"]]
+    assert guards_up_to_layer(1, guards) == [True, True, False, False, True]
+    assert guards_up_to_layer(0, guards) == [True, False, False, False, True]
 
 
 def test_compile_is_an_option_of_the_loaded_model_and_every_engine_on_it_runs_it_so():

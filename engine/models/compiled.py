@@ -101,22 +101,23 @@ def _tables(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
                          rotary_dtype(model.dtype, config.rope_full_precision))
 
 
-_LATER_LAYER = re.compile(r"\['layers'\]\._modules\['[1-9][0-9]*'\]")
+_LAYER = re.compile(r"\['layers'\]\._modules\['([0-9]+)'\]")
 
 
-def guards_but_later_layers(guards) -> list[bool]:
-    """Keep every guard but those on layers 1 and up: a model's layers are built from one config and
-    loaded in one dtype, so layer 0's guards (module types, parameter shapes, dtypes, devices) stand for
-    all of them, and the number of layers stays guarded. Guards are checked at every call, before the
-    graph runs (a captured CUDA graph too): host time on every step, in proportion to the depth."""
-    return [not _LATER_LAYER.search(guard.name) for guard in guards]
+def guards_up_to_layer(last_guarded: int, guards) -> list[bool]:
+    """Keep every guard but those on layers after ``last_guarded``, the first layer of the model's last
+    kind. A model's layers are built from one config and loaded in one dtype, so the first layer of a
+    kind stands for the rest of that kind (module types, parameter shapes, dtypes, devices), and the
+    number of layers stays guarded. Guards are checked at every call, before the graph runs (a captured
+    CUDA graph too): host time on every step, in proportion to the depth."""
+    return [not (match := _LAYER.search(guard.name)) or int(match.group(1)) <= last_guarded for guard in guards]
 
 
 @functools.cache
-def compiled_forward(cuda_graphs: bool, uniform_layers: bool = True):
+def compiled_forward(cuda_graphs: bool, last_guarded_layer: int = 0):
     """One compiled ``_forward`` per process and mode: every model and engine shares its graphs'
-    cache (a new ``torch.compile`` wrapper would compile them all again). Layers 1 and up keep their
-    guards when the layers differ (a dense first layer before mixture-of-experts ones). Shapes are
+    cache (a new ``torch.compile`` wrapper would compile them all again). Layers after
+    ``last_guarded_layer`` have no guards of their own (:func:`guards_up_to_layer`). Shapes are
     static but for the dimensions :meth:`CompiledShapes.mark` marks: nothing turns dynamic by itself
     (dynamo's automatic dynamic shapes would make a changed float, a norm's epsilon, a symbol too)."""
     options = {
@@ -126,7 +127,8 @@ def compiled_forward(cuda_graphs: bool, uniform_layers: bool = True):
         # no size/stride asserts in the generated wrapper: ~15 Python calls a layer, every step; the
         # shapes are fixed by the bucket and checked by the guards already
         "size_asserts": False,
-    } | ({"guard_filter_fn": guards_but_later_layers} if uniform_layers else {}) | (
+        "guard_filter_fn": functools.partial(guards_up_to_layer, last_guarded_layer),
+    } | (
         {"triton.cudagraphs": True} if cuda_graphs else {})
     return torch.compile(_forward, dynamic=False, fullgraph=True, options=options)
 
@@ -141,7 +143,8 @@ class CompiledForward:
         self.cuda_graphs = model.embed_tokens.weight.device.type == "cuda"
         self.shape_rule = CompiledShapes(self.cuda_graphs if static_shapes is None else static_shapes)
         moe = model.config.moe
-        self.forward = compiled_forward(self.cuda_graphs, moe is None or moe.first_k_dense_replace == 0)
+        # the first expert layer stands for the later ones; a dense model's layer 0 for every layer
+        self.forward = compiled_forward(self.cuda_graphs, 0 if moe is None else moe.first_k_dense_replace)
         self.static_caches: set[int] = set()
         self.shapes: set[tuple] = set()  # the graphs run so far, by CompiledShapes.graph key
         self.inputs = StaticInputs({})  # static shapes: each bucket's input buffers, refilled every step
