@@ -13,11 +13,14 @@ put in one of five phases.
 
 Profiling inflates Python-heavy phases more than kernels, so phases are shares of a profiled step,
 not wall times; the step times themselves come from unprofiled rounds (``research.compiled_step``).
+:func:`top_operations` lists a run's costliest operations by own time instead, each generated kernel
+by name when inductor's kernel profile was on while it compiled.
 """
 from __future__ import annotations
 
 import cProfile
 import pstats
+from collections.abc import Callable
 
 KERNEL_BUILTINS = ("torch.mm", "torch.addmm", "torch.bmm", "torch._grouped_mm", "torch._ops.aten",
                    "torch._C._nn.linear", "torch.softmax", "torch.where", "torch.isin", "torch.cat")
@@ -50,3 +53,16 @@ def phase_shares(profile: cProfile.Profile, steps: int) -> dict[str, float]:
     for (file, _, name), (_, _, own, _, _) in pstats.Stats(profile).stats.items():
         totals[phase_of(file, name)] += own
     return {phase: round(seconds * 1e3 / steps, 2) for phase, seconds in totals.items()}
+
+
+def top_operations(run: Callable[[], int], top: int = 15) -> list[dict]:
+    """The ``top`` operations of ``run`` (which returns its step count) by own time a step, under
+    torch.profiler: aten operations, the compiled graphs' wrappers, and their kernels when
+    ``torch._inductor.config.cpp.enable_kernel_profile`` was set before compiling."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        steps = run()
+    events = sorted(profiled.key_averages(), key=lambda event: -event.self_cpu_time_total)[:top]
+    return [{"operation": event.key[:100], "ms_a_step": round(event.self_cpu_time_total / 1e3 / steps, 3),
+             "calls_a_step": round(event.count / steps, 1)} for event in events]

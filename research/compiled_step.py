@@ -19,6 +19,7 @@ schedules on one compiled model and reports the graphs it compiled.
 ``--family`` picks the fixture (``tiny-llada``, ``tiny-dream``, ``tiny-sdar``, ``tiny-llada2``),
 ``--batch`` the engine's rows, ``--new-tokens`` one cap for every request (default: 1-3 blocks), and
 ``--profile`` adds where the compiled step's time goes by phase (``research.compiled_profile``).
+``--ops`` adds each mode's costliest operations a step, the compiled graphs' kernels by name.
 ``--static-shapes`` compiles bucketed, static shapes, CUDA's rule, instead of the CPU's exact shapes
 (``engine.models.compiled_shapes``).
 """
@@ -40,7 +41,7 @@ from engine.models import ModelOptions, load_model
 from engine.models.compiled import CompiledForward
 from engine.models.loader import DiffusionLM, apply_model_options
 from engine.models.transformer import BidirectionalTransformer
-from research.compiled_profile import phase_shares
+from research.compiled_profile import phase_shares, top_operations
 
 # the kernels that do a step's arithmetic (GEMMs, attention): what compiling cannot remove
 KERNELS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu")
@@ -137,7 +138,7 @@ class Workload:
 
 def eager_vs_compiled(layers: int, workload: Workload, rounds: int, hidden: int | None = None,
                       heads: int | None = None, profile: bool = False, floor: bool = True,
-                      static_shapes: bool = False) -> dict:
+                      static_shapes: bool = False, operations: bool = False) -> dict:
     models = {mode: llada_shaped(layers, hidden, heads, mode, workload.family) for mode in (False, True)}
     lm = models[True]
     lm.model.compiled = CompiledForward(lm.model, static_shapes)
@@ -157,6 +158,10 @@ def eager_vs_compiled(layers: int, workload: Workload, rounds: int, hidden: int 
         profiler = cProfile.Profile()
         _, times = lockstep(models, prompts, params, workload.batch, profiler)
         phases = {"compiled_phases_ms": phase_shares(profiler, len(times[True]))}
+    if operations:
+        phases |= {f"{'compiled' if mode else 'eager'}_operations": top_operations(
+            lambda model=model: len(timed_run(model, prompts, params, workload.batch)[1]))
+            for mode, model in models.items()}
     return {"family": workload.family, "layers": layers, "hidden": config.hidden_size, "heads": config.num_heads,
             "requests": workload.requests, "batch": workload.batch, "rounds": rounds,
             "eager_step_ms": round(eager * 1e3, 2), "compiled_step_ms": round(compiled * 1e3, 2),
@@ -197,13 +202,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--profile", action="store_true", help="also the compiled step's time by phase")
     parser.add_argument("--mixed", action="store_true")
     parser.add_argument("--static-shapes", action="store_true", help="bucketed static shapes (CUDA's rule)")
+    parser.add_argument("--ops", action="store_true",
+                        help="also each mode's costliest operations a step, inductor's kernels by name")
     parser.add_argument("--no-kernel-floor", action="store_true",
                         help="skip the profiled kernel floor (a deep MoE copy's trace took over ten minutes)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # host cost, not parallel arithmetic
     workload = Workload(args.family, args.requests, args.batch, args.new_tokens)
+    if args.ops:  # before compiling: the generated kernels then record themselves
+        torch._inductor.config.cpp.enable_kernel_profile = True
     result = {"step": eager_vs_compiled(args.layers, workload, args.rounds, args.hidden, args.heads, args.profile,
-                                        not args.no_kernel_floor, args.static_shapes)}
+                                        not args.no_kernel_floor, args.static_shapes, args.ops)}
     if args.mixed:
         result["mixed"] = mixed_graph_count()
     print(json.dumps(result))
