@@ -28,8 +28,6 @@ EXPERIMENTS: dict[str, Experiment] = {
     "serve-load": Experiment("benchmarks.serve_load", ScaleArgs(("--requests", "8", "--load", "1.0"), ("--quick",)),
                              OutArg("--out", "serve_load.json"), True,
                              "online serving: continuous vs block_sync vs static loops under Poisson arrivals"),
-    "diffusion-gemma": Experiment("benchmarks.diffusion_gemma", SCALE_FLAG, cli.OUT_DIR, False,
-                                  "DiffusionGemma vs transformers' generate at batch 1 and 16 (CPU), H200 projection"),
 }
 
 

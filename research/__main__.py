@@ -18,6 +18,8 @@ EXPERIMENTS: dict[str, Experiment] = {
     "block-causal": Experiment("research.block_causal", SCALE_FLAG, OUT_DIR, False,
                                "SDAR-8B and LLaDA2.0-mini shapes on the HumanEval replay: continuous vs a batch-1 "
                                "loop, H200 projected"),
+    "diffusion-gemma": Experiment("research.diffusion_gemma", SCALE_FLAG, OUT_DIR, False,
+                                  "DiffusionGemma vs transformers' generate at batch 1 and 16 (CPU), H200 projection"),
     "compiled-step": Experiment("research.compiled_step",
                                 ScaleArgs(("--layers", "2", "--requests", "4", "--rounds", "1"), ("--rounds", "1"),
                                           ("--mixed",)), None, False,

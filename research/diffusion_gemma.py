@@ -1,6 +1,6 @@
 """DiffusionGemma on the CPU against transformers' own ``generate``, and its H200 projection.
 
-``python -m benchmarks diffusion-gemma [--scale smoke|quick|full] [--out DIR]``
+``python -m research diffusion-gemma [--scale smoke|quick|full] [--out DIR]``
 
 Measured, side by side in one run (one thread, interleaved, best of ``--repeats``), on the tiny fixture:
 our engine on every prompt at once, transformers' ``generate`` one prompt at a time after
