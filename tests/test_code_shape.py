@@ -1,5 +1,5 @@
 """The code stays in small pieces: no module of the project or of its tests over 300 lines, no function
-over 60.
+over 60, and no more than 3,000 lines of Python in ``benchmarks/``.
 
 Test modules are held to both limits too: a test file is a specification of one subject, and a subject
 that needs more than 300 lines is split into files that each specify one part of it.
@@ -13,6 +13,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "actors", "pipeline", "benchmarks", "research", "tinylm", "scripts")
 MAX_FILE_LINES = 300
 MAX_FUNCTION_LINES = 60
+MAX_BENCHMARKS_LINES = 3_000  # what a user runs to measure a deployment; the paper's experiments are research/
 
 
 def python_files(*folders: str) -> list[Path]:
@@ -41,3 +42,9 @@ def test_no_module_of_the_project_or_its_tests_is_over_300_lines():
 def test_no_function_is_over_60_lines():
     too_long = [problem for path in python_files(*PACKAGES, "tests") for problem in long_functions(path)]
     assert not too_long, too_long
+
+
+def test_benchmarks_holds_at_most_3000_lines_of_python():
+    """Counted as ``find benchmarks -name '*.py' | xargs wc -l`` counts them."""
+    lines = sum(len(path.read_text().splitlines()) for path in python_files("benchmarks"))
+    assert lines <= MAX_BENCHMARKS_LINES, f"benchmarks/ holds {lines} lines of Python: does research/ own some?"
