@@ -28,7 +28,8 @@ import torch
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models import DiffusionLM, load_model
 from engine.oracle.reference import reference_generate
-from engine.runner.decoding import DecodeRule
+from engine.rules import rule_for
+from engine.rules.base import BlockRule
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 FAMILIES = {"llada": FIXTURES / "tiny-llada", "dream": FIXTURES / "tiny-dream",
@@ -66,13 +67,13 @@ def agreement(lm: DiffusionLM, rule: dict, cache: str, prompts: list[list[int]],
     (default: ``lm`` itself; an eager copy judges a compiled ``lm``)."""
     config = EngineConfig(block_length=BLOCK, cache=cache, max_batch_size=8, **rule)
     outputs = BlockServeEngine(lm, config).generate(prompts, [SamplingParams(max_new_tokens=c) for c in caps])
-    decode = DecodeRule(config.decoding, config.threshold, config.factor, config.steps_per_block)
+    decode = rule_for(config)
     same = sum(output.token_ids == solo_tokens(oracle or lm, config, decode, prompt, cap)
                for output, prompt, cap in zip(outputs, prompts, caps))
     return same / len(prompts)
 
 
-def solo_tokens(lm: DiffusionLM, config: EngineConfig, rule: DecodeRule, prompt: list[int], cap: int) -> list[int]:
+def solo_tokens(lm: DiffusionLM, config: EngineConfig, rule: BlockRule, prompt: list[int], cap: int) -> list[int]:
     """The prompt's tokens alone: the oracle's, or for a block-causal family the engine's with no other
     row (its oracle stores a finished block in a forward of its own, the engine in the next block's
     first step: other shapes, so bf16 rounding may differ)."""

@@ -8,17 +8,6 @@ from typing import Any
 
 SCHEDULES = ("continuous", "block_sync", "static", "shrink")  # engine/scheduling/policies.py: one policy each
 CACHE_MODES = ("dual", "prefix", "none")
-DECODING_RULES = ("threshold", "quota", "factor", "factor_prefix", "dream", "low_confidence",
-                  "low_confidence_dynamic", "low_confidence_static", "entropy_bound")
-# DiffusionGemma's canvas sampler (decoding="entropy_bound"), by transformers' names; unset: the checkpoint's
-# generation_config.json, else these (transformers' DiffusionGemmaGenerationConfig defaults)
-CANVAS_DEFAULTS = {"max_denoising_steps": 48, "entropy_bound": 0.1, "t_min": 0.4, "t_max": 0.8,
-                   "stability_threshold": 1, "confidence_threshold": 0.005}
-CANVAS_SETTINGS = tuple(CANVAS_DEFAULTS)
-QUOTA_RULES = ("quota", "low_confidence_dynamic", "low_confidence_static")  # need steps_per_block
-# LLaDA2.1's token editing (T2T) rewrites committed tokens: refused by name (see _from_dict)
-EDITING_SETTINGS = ("editing_threshold", "max_post_steps", "edit_threshold", "max_post_edit_steps")
-DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy")  # Dream's diffusion_generate algs, less "origin"
 SHIFTED_DECODINGS = ("fast-dllm", "lookback")
 DEFAULT_BLOCK_LENGTH = 32  # a full-attention family's block when the config names none (Fast-dLLM's)
 DEFAULT_MAX_MODEL_LEN = 4096  # widest row when max_model_len is unset: a model may advertise far more
@@ -39,23 +28,9 @@ def _fail(field: str, message: str) -> None:
     raise ValueError(f"EngineConfig.{field}: {message}")
 
 
-def dream_alg_problem(alg: object) -> str | None:
-    """Why ``alg`` is not one of Dream's algs offered here (None if it is)."""
-    if alg in DREAM_ALGS:
-        return None
-    return (f"must be one of {DREAM_ALGS}, got {alg!r}"
-            + (" (Dream's random 'origin' transfer is not offered)" if alg == "origin" else ""))
-
-
 def _from_dict(cls: type, values: Mapping[str, Any]):
     """``cls(**values)``, refusing unknown keys by name."""
     known = {field.name for field in dataclasses.fields(cls)}
-    editing = sorted(set(values) & set(EDITING_SETTINGS))
-    if editing or values.get("decoding") == "joint_threshold":
-        raise ValueError(
-            f"{cls.__name__}: {editing or ['decoding=joint_threshold']}: LLaDA2.1's token editing rewrites tokens "
-            "already committed, which block-by-block serving does not support; decode LLaDA2.1 with "
-            "decoding='low_confidence' or 'low_confidence_dynamic' (mask-to-token steps only)")
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields: {sorted(known)}")
@@ -76,15 +51,21 @@ class EngineConfig:
     max_wait_s: float | None = None  # aging: a request pending longer is admitted first (None: off;
     # an offline batch drains anyway, an online server should set it)
     cache: str = "dual"  # "dual" | "prefix" | "none"
-    decoding: str = "threshold"  # "threshold" | "quota" | "factor" (Fast-dLLM's) | "factor_prefix" (the paper's)
-    # | "dream" (Dream's diffusion_generate: its per-step count and dream_alg's score, see engine/runner/decoding.py)
-    # | "low_confidence" (SGLang's) | "low_confidence_dynamic" / "low_confidence_static" (SDAR's, LLaDA2's)
+    # the decoding rule, one of engine.rules.RULES; each rule module says what it does and validates the keys
+    # below that it reads: "threshold" | "low_confidence" (SGLang's) | "quota" | "low_confidence_static" |
+    # "low_confidence_dynamic" (SDAR's, LLaDA2.0's) | "factor" (Fast-dLLM's) | "factor_prefix" (the paper's) |
+    # "dream" (Dream's diffusion_generate) | "joint_threshold" (LLaDA2.1's token editing) | "entropy_bound"
+    # (DiffusionGemma's canvas sampler, the only rule of a canvas model)
+    decoding: str = "threshold"
     threshold: float = 0.9
     factor: float = 1.0
     steps_per_block: int | None = None  # cap on steps per block; the fixed step count in quota/dream mode
     # (Dream's `steps`: Dream decodes its whole canvas as one block, block_length = max_new_tokens)
     dream_alg: str = "maskgit_plus"  # decoding="dream": "maskgit_plus" | "topk_margin" | "entropy"
     dream_eps: float = 1e-3  # decoding="dream": Dream's `eps`, the schedule's last timestep
+    editing_threshold: float | None = None  # joint_threshold: rewrite a generated token whose argmax differs
+    # with probability above this (0.0: every disagreement; None: editing off)
+    max_post_steps: int = 16  # joint_threshold: forwards of a block after its last mask, at most
     # families whose logits are shifted by one (Dream): "fast-dllm" decodes as Fast-dLLM's Dream block
     # decoding (a block's first step commits only its first position; cached windows start at the block);
     # "lookback": windows start one column before the block and every step applies the rule
@@ -95,7 +76,8 @@ class EngineConfig:
     # that start with the same tokens (vLLM's name); None: on where it is exact (block-causal families)
     prefix_cache_tokens: int | None = None  # tokens of keys/values the prefix cache holds (whole blocks);
     # None: max_model_len's worth
-    # decoding="entropy_bound" (DiffusionGemma), transformers' names; None: the checkpoint's, else CANVAS_DEFAULTS
+    # decoding="entropy_bound" (DiffusionGemma), transformers' names; None: the checkpoint's, else
+    # engine.rules.entropy_bound.CANVAS_DEFAULTS
     max_denoising_steps: int | None = None  # denoising steps a canvas takes at most
     entropy_bound: float | None = None  # accept the lowest-entropy tokens while sum - max <= this
     t_min: float | None = None  # temperature at the last step (linear schedule from t_max)
@@ -125,20 +107,8 @@ class EngineConfig:
             _fail("max_wait_s", f"must be a non-negative number of seconds or None, got {self.max_wait_s!r}")
         if self.cache not in CACHE_MODES:
             _fail("cache", f"must be one of {CACHE_MODES}, got {self.cache!r}")
-        if self.decoding not in DECODING_RULES:
-            _fail("decoding", f"must be one of {DECODING_RULES}, got {self.decoding!r}")
-        if not 0.0 < self.threshold <= 1.0:
-            _fail("threshold", f"must be in (0, 1], got {self.threshold!r}")
         if self.shifted_decoding not in SHIFTED_DECODINGS:
             _fail("shifted_decoding", f"must be one of {SHIFTED_DECODINGS}, got {self.shifted_decoding!r}")
-        if not self.factor > 0:
-            _fail("factor", f"must be positive, got {self.factor!r}")
-        if self.steps_per_block is not None:
-            if not isinstance(self.steps_per_block, int) or self.steps_per_block < 1:
-                _fail("steps_per_block", f"must be a positive int or None, got {self.steps_per_block!r}")
-            if self.block_length is not None and self.steps_per_block > self.block_length:
-                _fail("steps_per_block", f"{self.steps_per_block} exceeds block_length "
-                      f"{self.block_length}: some steps would commit nothing")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
             _fail("max_model_len", f"must be a positive int or None, got {self.max_model_len!r}")
         if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
@@ -146,16 +116,11 @@ class EngineConfig:
         if self.prefix_cache_tokens is not None and (isinstance(self.prefix_cache_tokens, bool) or not isinstance(
                 self.prefix_cache_tokens, int) or self.prefix_cache_tokens < 0):
             _fail("prefix_cache_tokens", f"must be an int >= 0 or None, got {self.prefix_cache_tokens!r}")
-        if self.decoding in QUOTA_RULES and self.steps_per_block is None:
-            _fail("steps_per_block", f"{self.decoding} decoding needs a fixed number of steps per block")
-        if (problem := dream_alg_problem(self.dream_alg)) is not None:
-            _fail("dream_alg", problem)
-        if isinstance(self.dream_eps, bool) or not isinstance(self.dream_eps, (int, float)) \
-                or not 0.0 < self.dream_eps < 1.0:
-            _fail("dream_eps", f"must be in (0, 1), got {self.dream_eps!r}")
-        if self.decoding == "dream" and self.steps_per_block is None:
-            _fail("steps_per_block", "dream decoding needs Dream's number of steps per block")
-        for name, problem in canvas_problems(self):
+        from engine.rules import DECODING_RULES, settings_problems  # loads the rule modules (and torch)
+
+        if self.decoding not in DECODING_RULES:
+            _fail("decoding", f"must be one of {DECODING_RULES}, got {self.decoding!r}")
+        for name, problem in settings_problems(self):
             _fail(name, problem)
 
     @classmethod
@@ -176,23 +141,6 @@ class EngineConfig:
         return min(widest, self.token_budget) if self.token_budget else widest
 
 
-def canvas_problems(config: EngineConfig) -> list[tuple[str, str]]:
-    """The canvas settings that are set but invalid, with why."""
-    def number(value: object) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-    checks = {"max_denoising_steps": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                                      "a positive int"),
-              "entropy_bound": (lambda v: number(v) and v > 0, "a number > 0"),
-              "t_min": (lambda v: number(v) and v > 0, "a temperature > 0"),
-              "t_max": (lambda v: number(v) and v > 0, "a temperature > 0"),
-              "stability_threshold": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-                                      "an int >= 0"),
-              "confidence_threshold": (lambda v: number(v) and v >= 0, "a number >= 0")}
-    return [(name, f"must be {what} or None, got {getattr(config, name)!r}") for name, (valid, what) in checks.items()
-            if getattr(config, name) is not None and not valid(getattr(config, name))]
-
-
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Per-request settings. Problems are reported per request (see :meth:`validation_error`), so one
@@ -208,6 +156,9 @@ class SamplingParams:
     top_p: float = 1.0
     logit_bias: Mapping[int, float] | None = None  # token id -> added to its logit, every row's step
     logprobs: int | None = None  # N: each output token's log-probability and N alternatives (None: off)
+    # decoding="joint_threshold" only (its module validates them); None: the engine's
+    editing_threshold: float | None = None
+    max_post_steps: int | None = None
 
     @property
     def filters_tokens(self) -> bool:

@@ -12,9 +12,9 @@ import torch
 from engine.config import EngineConfig, SamplingParams
 from engine.models.loader import DiffusionLM, load_model
 from engine.models.prompts import Prompt, PromptTooLongError, encode_prompt
-from engine.runner.canvas_runner import CanvasRunner
+from engine.rules import rule_for
+from engine.runner.interface import runner_class
 from engine.runner.memory import check_arena_fits
-from engine.runner.model_runner import ModelRunner
 from engine.scheduling.admission import AdmissionError, AdmissionLimits
 from engine.scheduling.model_fit import config_for_model
 from engine.scheduling.outputs import RunnerOutput, SchedulerOutput, StepReport
@@ -29,12 +29,12 @@ class BlockServeEngine:
         self.config = config_for_model(config or EngineConfig(), lm)
         self.token_budget = self.config.resolved_token_budget(lm.max_length)
         self.max_row_width = self.config.resolved_max_model_len(lm.max_length)
+        self.rule = rule_for(self.config, lm.special_ids.mask_id, lm.logit_shift)
         self.limits = AdmissionLimits(self.config.block_length, lm.vocab_size, lm.max_length,
-                                      self.token_budget, self.max_row_width, lm.layout)
+                                      self.token_budget, self.max_row_width, lm.layout, self.rule.request_problem)
         check_arena_fits(lm, self.config)  # before allocating: a batch that cannot fit fails by name
-        runner = CanvasRunner if lm.layout.decodes_canvases else ModelRunner
-        self.runner = runner(lm, self.config, self.max_row_width)
-        prefix_cache = getattr(self.runner, "prefix_cache", None)
+        self.runner = runner_class(lm.layout.runner)(lm, self.config, self.max_row_width, self.rule)
+        prefix_cache = self.runner.prefix_cache
         self.scheduler = Scheduler(self.config, self.token_budget, self.max_row_width,
                                    prefix_cache.index if prefix_cache is not None else None)
         self.stats_collector = StatsCollector(self.config.max_batch_size)
@@ -168,7 +168,9 @@ class BlockServeEngine:
             unfinished_requests=sum(request.adds_to_output for request in self.scheduler.running),
             pending_requests=self.scheduler.num_pending,
             blocks_completed=sum(result.block_complete for result in output.rows.values()),
-            model_time_s=output.model_time_s)
+            model_time_s=output.model_time_s, row_forwards=len(output.rows),
+            edits=sum(result.edits for result in output.rows.values()),
+            post_mask_forwards=sum(result.post_mask for result in output.rows.values()))
 
     def _finish(self, request: Request) -> RequestOutput:
         request.finish_time = time.time()

@@ -13,7 +13,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.engine import BlockServeEngine
 from engine.models.loader import load_model
 from engine.oracle.reference import reference_generate
-from engine.runner.decoding import DecodeRule
+from engine.rules import rule_for
 from tests.conftest import FIXTURES
 
 FAMILIES = ("tiny-sdar", "tiny-llada2")
@@ -40,7 +40,7 @@ def ordinary_prompts(lm, lengths, seed=0) -> list[list[int]]:
 
 
 def oracle(lm, prompt, config: EngineConfig, params: SamplingParams, cache="dual"):
-    rule = DecodeRule(config.decoding, threshold=config.threshold, steps_per_block=config.steps_per_block)
+    rule = rule_for(config)
     return reference_generate(lm, prompt, max_new_tokens=params.max_new_tokens, block_length=config.block_length,
                               rule=rule, cache=cache, temperature=params.temperature, seed=params.seed or 0,
                               stop_at_eos=params.stop_at_eos, top_k=params.top_k, logprobs=params.logprobs)
@@ -160,13 +160,6 @@ def test_row_width_is_prompt_plus_answer_rounded_up_to_whole_blocks(lm):
 def test_settings_a_block_causal_family_cannot_honour_are_refused_by_name(lm, setting, message):
     with pytest.raises(ValueError, match=message):
         BlockServeEngine(lm, EngineConfig(block_length=BLOCK, **setting))
-
-
-@pytest.mark.parametrize("values", [{"editing_threshold": 0.9}, {"max_post_steps": 16},
-                                    {"decoding": "joint_threshold"}])
-def test_llada21_token_editing_is_refused_at_config_time(values):
-    with pytest.raises(ValueError, match="LLaDA2.1's token editing"):
-        EngineConfig.from_dict(values)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -7,7 +7,7 @@ import pytest
 
 from engine import EngineConfig, SamplingParams
 from engine.oracle.reference import reference_generate
-from engine.runner.decoding import DecodeRule
+from engine.rules import make_rule, rule_for
 from tests.engine_helpers import StepRecorder, chat, mixed_workload
 
 _REFERENCE_RESULTS: dict = {}  # the oracle's answers, shared by the tests of every schedule
@@ -15,7 +15,7 @@ _REFERENCE_RESULTS: dict = {}  # the oracle's answers, shared by the tests of ev
 
 def reference_for(engine, output, max_new_tokens, **kwargs):
     config = engine.config
-    rule = DecodeRule(config.decoding, config.threshold, config.factor, config.steps_per_block)
+    rule = rule_for(config)
     key = (engine.lm.dtype, tuple(output.prompt_token_ids), max_new_tokens, config.block_length, rule,
            config.cache, tuple(sorted(kwargs.items())))
     if key not in _REFERENCE_RESULTS:
@@ -120,7 +120,7 @@ def test_dream_requests_equal_the_reference_in_both_shifted_decodings_and_the_tw
         assert recorder.saw_mixed_batch
         for output, cap in zip(outputs, caps):
             expected = reference_generate(lm, output.prompt_token_ids, max_new_tokens=cap, block_length=16,
-                                          rule=DecodeRule("threshold", threshold=0.05), cache=cache,
+                                          rule=make_rule("threshold", threshold=0.05), cache=cache,
                                           shifted_decoding=mode)
             assert output.token_ids == expected.token_ids and output.num_steps == expected.num_steps
         tokens[mode] = [o.token_ids for o in outputs]

@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-import engine.runner.model_runner as model_runner
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import BlockServeEngine
 from engine.models.loader import load_model
 from engine.oracle.reference import reference_generate
-from engine.runner.decoding import DecodeRule
+from engine.rules import rule_for
+from engine.rules.unmasking import UnmaskingRule
 from tests.conftest import FIXTURES
 
 WORKLOADS = {  # fixture -> (block length, settings): SDAR's first blocks begin inside the prompt (a lead)
@@ -47,14 +47,14 @@ class HeadRecorder:
         self.block_positions: list[int] = []
         lm.model.lm_head.register_forward_hook(
             lambda module, args, output: self.head_rows.append(args[0].shape[:-1].numel()))
-        select_commits = model_runner.select_commits
+        select = UnmaskingRule.select
 
-        def recording_select_commits(rule, confidence, masked, step):
+        def recording_select(rule, confidence, masked, step):
             self.masked.append(int(masked.sum()))
             self.block_positions.append(masked.numel())
-            return select_commits(rule, confidence, masked, step)
+            return select(rule, confidence, masked, step)
 
-        monkeypatch.setattr(model_runner, "select_commits", recording_select_commits)
+        monkeypatch.setattr(UnmaskingRule, "select", recording_select)
 
 
 @pytest.mark.parametrize("fixture", ["tiny-llada", "tiny-sdar"])
@@ -78,7 +78,7 @@ def test_tokens_draws_and_logprobs_equal_the_oracle_alone(fixture):
     prompts = ordinary_prompts(lm, 10, seed=1)
     params = mixed_params(len(prompts), block_length)
     outputs = BlockServeEngine(lm, config).generate(prompts, params)
-    decode = DecodeRule(config.decoding, config.threshold, config.factor, config.steps_per_block)
+    decode = rule_for(config)
     for output, prompt, p in zip(outputs, prompts, params):
         alone = reference_generate(lm, prompt, max_new_tokens=p.max_new_tokens, block_length=block_length,
                                    rule=decode, temperature=p.temperature, seed=p.seed, stop_at_eos=False,

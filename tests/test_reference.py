@@ -4,7 +4,7 @@ import pytest
 
 from engine.models import load_model
 from engine.oracle.reference import reference_generate
-from engine.runner.decoding import DecodeRule
+from engine.rules import make_rule
 
 BLOCK = 32
 
@@ -43,7 +43,7 @@ def test_a_block_takes_at_most_one_step_per_token_and_quota_takes_exactly_its_st
     threshold = reference_generate(tiny, ids, max_new_tokens=64, stop_at_eos=False)
     assert threshold.num_blocks <= threshold.num_steps <= threshold.num_blocks * BLOCK
     quota = reference_generate(tiny, ids, max_new_tokens=64, stop_at_eos=False,
-                               rule=DecodeRule("quota", steps_per_block=4))
+                               rule=make_rule("quota", steps_per_block=4))
     assert quota.num_steps == 2 * 4
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from engine.models import load_model
 from engine.oracle.reference import reference_generate
-from engine.runner.decoding import DecodeRule
+from engine.rules import make_rule
+from engine.rules.base import BlockRule
 from tinylm.tasks import BLOCK, CANVAS_BLOCKS, read_jsonl, validation_rows
 
 # The decoding the tiny configs use, chosen on the validation split (README, "The tiny model").
@@ -47,13 +48,13 @@ def selection_score(report: dict) -> float:
     return (spread - 1.0) + report["exact_match"] + 0.5 * report["right_block"] + 0.25 * report["near_block"]
 
 
-def decode_rule(spec: str) -> DecodeRule:
+def decode_rule(spec: str) -> BlockRule:
     """``threshold:<value>`` or ``quota`` (one position per step: ``steps_per_block`` = the block)."""
     kind, _, value = spec.partition(":")
     if kind == "threshold" and value:
-        return DecodeRule("threshold", threshold=float(value))
+        return make_rule("threshold", threshold=float(value))
     if kind == "quota" and not value:
-        return DecodeRule("quota", steps_per_block=BLOCK)
+        return make_rule("quota", steps_per_block=BLOCK)
     raise ValueError(f"decoding must be 'threshold:<value>' or 'quota', got {spec!r}")
 
 

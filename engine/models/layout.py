@@ -8,7 +8,7 @@ A family's layout is one of two kinds:
 * **Canvas** (DiffusionGemma): a causal encoder writes the context once (prompt, then each committed
   canvas); the answer's canvas starts from random tokens and attends to itself and to that context. A
   row sits left-aligned, its answer starts right after the prompt, and it decodes with the
-  ``entropy_bound`` rule (``engine.runner.canvas_rule``) on its own runner (``engine.runner.canvas_runner``).
+  ``entropy_bound`` rule (``engine.rules.entropy_bound``) on its own runner (``engine.runner.canvas_runner``).
 * **Block-causal** (SDAR, LLaDA2): a position attends to its own block and every block before it, over
   blocks of the size the model was trained with, counted from the prompt's first token. A row sits
   left-aligned (column = position), the first answer block holds the prompt's last ``lead`` tokens,
@@ -25,8 +25,6 @@ from engine.config import DEFAULT_BLOCK_LENGTH, EngineConfig, blocks_needed
 
 AttentionKind = Literal["bidirectional", "block_causal", "canvas"]
 ATTENTION_KINDS: tuple[AttentionKind, ...] = ("bidirectional", "block_causal", "canvas")
-MASK_RULES = ("threshold", "quota", "factor", "factor_prefix", "dream", "low_confidence", "low_confidence_dynamic",
-              "low_confidence_static")  # the rules that unmask a block of mask tokens
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,17 @@ class RowLayout:
     def decodes_canvases(self) -> bool:
         """Canvases of random tokens denoised by the entropy-bound rule, on the canvas runner."""
         return self.attention == "canvas"
+
+    @property
+    def own_rule(self) -> str | None:
+        """The one decoding rule its model runs, which an unset ``EngineConfig.decoding`` becomes (None: any
+        block rule it does not refuse)."""
+        return "entropy_bound" if self.decodes_canvases else None
+
+    @property
+    def runner(self) -> str:
+        """The runner its rows step on (``engine.runner.RUNNERS``)."""
+        return "canvas" if self.decodes_canvases else "blocks"
 
     @property
     def caches_prefixes(self) -> bool:
@@ -100,18 +109,8 @@ class RowLayout:
         if config.enable_prefix_caching and self.decodes_canvases:
             return (f"EngineConfig.enable_prefix_caching: prefix caching is not built for {self.family}'s canvas "
                     "runner yet; leave it unset")
-        if self.decodes_canvases and config.decoding not in ("entropy_bound", "threshold"):
-            return (f"EngineConfig.decoding: {config.decoding!r} unmasks mask tokens; {self.family} denoises "
-                    "canvases of random tokens: use entropy_bound (or leave decoding unset)")
-        if not self.decodes_canvases and config.decoding == "entropy_bound":
-            return (f"EngineConfig.decoding: 'entropy_bound' is DiffusionGemma's canvas sampler; {self.family} "
-                    "unmasks blocks: use one of " + ", ".join(MASK_RULES))
         if config.enable_prefix_caching and not self.stores_finished_blocks:
             return (f"EngineConfig.enable_prefix_caching: {self.family} attends over the whole row, so a prompt "
                     "block's keys and values depend on the canvas after it and cannot be reused by another "
                     "request; prefix caching is exact for block-causal families only")
-        if config.decoding in self.refused_rules:
-            return (f"EngineConfig.decoding: {config.decoding!r} is Dream's sampler over a whole canvas; "
-                    f"{self.family} decodes block by block: use low_confidence_dynamic, low_confidence, "
-                    "threshold or quota")
         return None

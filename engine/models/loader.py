@@ -7,13 +7,13 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from engine.config import CANVAS_SETTINGS
 from engine.models.batch_invariance import configure_cuda_batch_invariance
 from engine.models.checkpoint import load_weights, read_json
 from engine.models.families import Family, detect_family
 from engine.models.layout import RowLayout
 from engine.models.options import ModelOptions
 from engine.models.transformer import BidirectionalTransformer
+from engine.rules.entropy_bound import CANVAS_SETTINGS
 
 TINY_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,

@@ -18,7 +18,7 @@ cached windows start at the block, their position j - 1 predicting block positio
 rule at every step.
 
 Dream's own sampler (``diffusion_generate``, alg maskgit_plus / topk_margin / entropy, greedy) is
-``rule=DecodeRule("dream", steps_per_block=steps, dream_alg=alg)`` with ``block_length = max_new_tokens``
+``rule=make_rule("dream", steps_per_block=steps, dream_alg=alg)`` with ``block_length = max_new_tokens``
 (its schedule spans the whole canvas), ``cache="none"`` (it runs a full forward every step) and
 ``shifted_decoding="lookback"``.
 """
@@ -41,16 +41,18 @@ from engine.oracle.reference_steps import (
     finished_result,
     row_bias,
 )
-from engine.runner.decoding import DecodeRule, commits_first_position_first
+from engine.rules.base import BlockRule, RowState
+from engine.rules.threshold import Threshold
+from engine.rules.unmasking import first_position_first
 from engine.scheduling.request import TokenLogprob
 
-THRESHOLD_RULE = DecodeRule("threshold")
+THRESHOLD_RULE = Threshold()
 
 
 @torch.no_grad()
 def reference_generate(
     lm: DiffusionLM, prompt_ids: list[int], *, max_new_tokens: int = 256, block_length: int = 32,
-    rule: DecodeRule = THRESHOLD_RULE, cache: str = "dual", temperature: float = 0.0,
+    rule: BlockRule = THRESHOLD_RULE, cache: str = "dual", temperature: float = 0.0,
     seed: int = 0, stop_at_eos: bool = True, shifted_decoding: str = "fast-dllm", top_k: int = 0,
     top_p: float = 1.0, logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
 ) -> ReferenceResult:
@@ -61,12 +63,13 @@ def reference_generate(
                                      **settings)
     num_blocks, width = _canvas_size(lm, prompt_ids, max_new_tokens, block_length)
     prompt_length = len(prompt_ids)
-    device, mask_id, shift = lm.device, lm.special_ids.mask_id, lm.logit_shift
+    device, shift = lm.device, lm.logit_shift
     # a shifted family (Dream): Fast-dLLM's windows start at the block and a block's first step commits
     # only its first position; "lookback" windows start one column earlier and apply the rule throughout
     lookback = shift if shifted_decoding == "lookback" else 0
     rule = dataclasses.replace(
-        rule, first_step_first_position=commits_first_position_first(rule.kind, shift, shifted_decoding))
+        rule, first_step_first_position=first_position_first(rule.name, shift, shifted_decoding),
+        mask_id=lm.special_ids.mask_id)
     canvas, positions, key_mask, kv_cache = _blank_canvas(lm, prompt_ids, width, cache)
     draws = RowDraws(torch.tensor([seed], dtype=torch.long, device=device), temperature, top_k, top_p,
                      row_bias(logit_bias, lm.vocab_size, device) if logit_bias else None)
@@ -75,8 +78,8 @@ def reference_generate(
     logprobs_at: dict[int, TokenLogprob] = {}  # canvas position -> at its commit step
     for block in range(num_blocks):
         start, end = prompt_length + block * block_length, prompt_length + (block + 1) * block_length
-        step = 0
-        while (canvas[0, start:end] == mask_id).any():
+        step, final, state = 0, False, RowState()
+        while not final:
             if step == 0 or cache == "none":
                 read = torch.arange(start - shift, end - shift, device=device)[None]
                 refresh = RefreshPart(canvas, positions, key_mask, read, slot if kv_cache is not None else None)
@@ -86,8 +89,8 @@ def reference_generate(
                                          (start - lookback, end if cache == "dual" else width), block_length,
                                          read_shift=shift - lookback)
             logits = lm.model.logits(hidden)
-            denoise_step(lm, rule, canvas, (start, end), logits, step, block * block_length, draws, logprobs,
-                         logprobs_at, logprob_offset=block * block_length)
+            final = denoise_step(lm, rule, canvas, (start, end), logits, step, block * block_length, draws,
+                                 logprobs, logprobs_at, logprob_offset=block * block_length, state=state)
             step += 1
         total_steps += step
         blocks_run += 1

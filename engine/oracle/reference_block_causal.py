@@ -6,8 +6,8 @@ It follows the structure of SDAR's own loop (``block_diffusion_generate``), not 
     prefill: the prompt's whole blocks, keys/values stored
     for each block from the one holding the prompt's end:
         each step: a forward of the block over the cached keys/values before it, its own keys/values
-                   written in place (the next step rewrites them); commit by the decoding rule
-        when the block holds no mask: one more forward of the block writes its final keys/values
+                   written in place (the next step rewrites them); write what the decoding rule decides
+        when the rule makes the block final: one more forward of the block writes its final keys/values
         stop after this block if its answer tokens hold a stop token (unless stop_at_eos is False)
 
 With ``cache="none"`` every step is a forward of the whole canvas up to the block's end instead
@@ -17,8 +17,11 @@ rounding, which the golden tests pin down.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from engine.config import SamplingParams
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import RefreshPart, WindowPart
@@ -30,17 +33,19 @@ from engine.oracle.reference_steps import (
     finished_result,
     row_bias,
 )
-from engine.runner.decoding import DecodeRule
+from engine.rules.base import BlockRule, RowState
 from engine.scheduling.request import TokenLogprob
 
 
 @torch.no_grad()
 def block_causal_generate(
-    lm: DiffusionLM, prompt_ids: list[int], *, max_new_tokens: int, block_length: int, rule: DecodeRule,
+    lm: DiffusionLM, prompt_ids: list[int], *, max_new_tokens: int, block_length: int, rule: BlockRule,
     cache: str = "dual", temperature: float = 0.0, seed: int = 0, stop_at_eos: bool = True, top_k: int = 0,
     top_p: float = 1.0, logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+    params: SamplingParams | None = None,
 ) -> ReferenceResult:
     prompt_length, mask_id, device = len(prompt_ids), lm.special_ids.mask_id, lm.device
+    rule = dataclasses.replace(rule, mask_id=mask_id)
     if not prompt_ids or max_new_tokens <= 0:
         raise ValueError("the prompt must be non-empty and max_new_tokens positive")
     lead, num_blocks = lm.layout.answer_blocks(prompt_length, max_new_tokens, block_length)
@@ -53,16 +58,18 @@ def block_causal_generate(
     forward = (CachedBlockForward if cache != "none" else FullBlockForward)(lm, canvas, block_length)
     forward.prefill(first)
     draws = RowDraws(torch.tensor([seed], dtype=torch.long, device=device), temperature, top_k, top_p,
-                     row_bias(logit_bias, lm.vocab_size, device) if logit_bias else None)
+                     row_bias(logit_bias, lm.vocab_size, device) if logit_bias else None,
+                     params or SamplingParams())
     total_steps, blocks_run = 0, 0
     logprobs_at: dict[int, TokenLogprob] = {}  # output position -> at its commit step
     for block in range(num_blocks):
         start, end = first + block * block_length, first + (block + 1) * block_length
-        step = 0
-        while (canvas[0, start:end] == mask_id).any():
+        step, final, state = 0, False, RowState()
+        while not final:
             logits = lm.model.logits(forward.step(start, end))
-            denoise_step(lm, rule, canvas, (start, end), logits, step, block * block_length, draws, logprobs,
-                         logprobs_at, logprob_offset=block * block_length - lead)
+            final = denoise_step(lm, rule, canvas, (start, end), logits, step, block * block_length, draws, logprobs,
+                                 logprobs_at, logprob_offset=block * block_length - lead, state=state,
+                                 lead=lead if block == 0 else 0)
             step += 1
         forward.store(start, end)
         total_steps += step

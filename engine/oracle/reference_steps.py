@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.runner.decoding import DecodeRule, Sampling, gumbel_noise, propose_tokens, select_commits
+from engine.config import SamplingParams
+from engine.rules.base import BlockRule, BlockView, RowState, RowStep
+from engine.rules.proposals import Sampling, gumbel_noise, propose_tokens
 from engine.runner.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
 from engine.scheduling.request import TokenLogprob, first_stop
 
@@ -77,22 +79,33 @@ class RowDraws:
     top_k: int
     top_p: float
     bias: RowBias | None
+    params: SamplingParams = SamplingParams()  # the request's rule settings (editing_threshold, ...)
 
 
-def denoise_step(lm, rule: DecodeRule, canvas: torch.Tensor, span: tuple[int, int], logits: torch.Tensor,
+def denoise_step(lm, rule: BlockRule, canvas: torch.Tensor, span: tuple[int, int], logits: torch.Tensor,
                  step: int, block_offset: int, draws: RowDraws, logprobs: int | None,
-                 logprobs_at: dict[int, TokenLogprob], logprob_offset: int) -> None:
+                 logprobs_at: dict[int, TokenLogprob], logprob_offset: int, state: RowState, lead: int = 0) -> bool:
     """One denoising step of the oracle's row: propose tokens for the block at canvas columns ``span`` from
-    its ``logits``, commit what ``rule`` selects, and record the committed tokens' log-probabilities at
-    output positions from ``logprob_offset`` (``block_offset``: the block's first output position)."""
+    its ``logits`` at the offsets ``rule`` reads, write what it decides, and record the written tokens'
+    log-probabilities at output positions from ``logprob_offset`` (``block_offset``: the block's first
+    output position). Returns whether the rule made the block final."""
     start, end = span
-    mask_id, block_length = lm.special_ids.mask_id, end - start
+    mask_id, block_length, device = lm.special_ids.mask_id, end - start, canvas.device
     sampling = (row_sampling(draws.seeds, draws.temperature, draws.top_k, draws.top_p, block_offset, step,
                              block_length, logits.shape[-1]) if draws.temperature > 0 else None)
     candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=rule.measure, bias=draws.bias)
-    masked = canvas[:, start:end] == mask_id
-    commit = select_commits(rule, confidence, masked, torch.tensor([step], device=canvas.device))
-    canvas[:, start:end] = torch.where(commit, candidates, canvas[:, start:end])
+    block = canvas[:, start:end]
+    offsets = state.offsets if state.offsets is not None else rule.logit_offsets(block[0].tolist(), lead)
+    computed = torch.zeros_like(block, dtype=torch.bool)
+    computed[0, offsets] = True
+    view = BlockView(block, torch.where(computed, candidates, block),
+                     torch.where(computed, confidence, torch.full_like(confidence, float("-inf"))), computed,
+                     torch.tensor([step], device=device), rule.row_inputs([state], [draws.params], device))
+    update = rule.step(view)
+    canvas[:, start:end] = update.tokens
     if logprobs is not None:
-        logprobs_at |= committed_logprobs(logits, mask_id, candidates, commit, logprobs, draws.bias,
+        logprobs_at |= committed_logprobs(logits, mask_id, candidates, update.written, logprobs, draws.bias,
                                           offset=logprob_offset)
+    row = RowStep.from_host(update.host_columns()[0].tolist())
+    rule.after_step(state, row, lead)
+    return row.final

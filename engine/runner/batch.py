@@ -52,8 +52,6 @@ class PersistentBatch:
         self.block_offsets = torch.arange(block_length, device=device)
         self._free = list(range(slots))
         self._owners: dict[int, Request] = {}  # slot -> the running request that holds it
-        self._masked: dict[str, list[int]] = {}  # request id -> its active block's MASK offsets, as the
-        # last step left them (host side); absent: no step has touched the block yet
 
     @property
     def num_slots(self) -> int:
@@ -99,7 +97,6 @@ class PersistentBatch:
         self.key_mask[slot, start:start + request.width] = True
         request.slot = slot
         self._owners[slot] = request
-        self._masked.pop(request.request_id, None)
 
     def release(self, request: Request) -> None:
         """Its slot goes back; nothing is copied."""
@@ -107,7 +104,6 @@ class PersistentBatch:
             heapq.heappush(self._free, request.slot)
             del self._owners[request.slot]
             request.slot = None
-        self._masked.pop(request.request_id, None)
 
     def pack_window_rows(self, window: Sequence[Request]) -> None:
         """Move rows so the window rows hold slots ``[0, len(window))``.
@@ -161,26 +157,12 @@ class PersistentBatch:
     def write_blocks(self, slots: torch.Tensor, block_columns: torch.Tensor, blocks: torch.Tensor) -> None:
         self.tokens[slots[:, None], block_columns] = blocks
 
-    def masked_offsets(self, request: Request) -> list[int]:
-        """Offsets in the request's active block that hold MASK now, known on the host: as the last step
-        left them, or for a block no step has touched, every offset past the prompt (and any prompt token
-        that is MASK itself, as the device sees it)."""
-        known = self._masked.get(request.request_id)
-        if known is not None:
-            return known
+    def untouched_block(self, request: Request) -> list[int]:
+        """Host tokens of the request's active block before any step touched it: its lead of prompt
+        tokens, then MASK."""
         start, prompt = request.block_start, request.prompt_token_ids
-        return [offset for offset in range(self.block_length)
-                if start + offset >= len(prompt) or prompt[start + offset] == self.mask_id]
-
-    def note_blocks(self, request_ids: Sequence[str], blocks: Sequence[list[int]]) -> None:
-        """Remember the rows' active blocks as this step left them (the host copy it sends back); a row
-        whose block completed starts its next one untouched."""
-        for request_id, block in zip(request_ids, blocks):
-            masked = [offset for offset, token in enumerate(block) if token == self.mask_id]
-            if masked:
-                self._masked[request_id] = masked
-            else:
-                self._masked.pop(request_id, None)
+        return [prompt[start + offset] if start + offset < len(prompt) else self.mask_id
+                for offset in range(self.block_length)]
 
 
 def to_device(like: torch.Tensor, *lists: list, dtype: torch.dtype = torch.long) -> list[torch.Tensor]:

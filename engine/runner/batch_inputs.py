@@ -7,7 +7,7 @@ parts hold is the layout's (:class:`StepParts`): ``engine.runner.parts_full_atte
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -16,9 +16,8 @@ import torch
 from engine.models.layout import RowLayout
 from engine.models.step_inputs import RefreshPart, WindowPart
 from engine.runner.batch import PersistentBatch, to_device
-from engine.runner.logit_processors import RowBias
-from engine.runner.masked_positions import (
-    MaskedPositions,
+from engine.runner.logit_positions import (
+    LogitPositions,
     SampledPositions,
     StepLogprobs,
     draw_lists,
@@ -27,6 +26,7 @@ from engine.runner.masked_positions import (
     sampled_positions,
     step_logprobs,
 )
+from engine.runner.logit_processors import RowBias
 from engine.runner.parts_block_causal import BlockCausalParts
 from engine.runner.parts_full_attention import FullAttentionParts
 from engine.scheduling.outputs import SchedulerOutput
@@ -56,8 +56,8 @@ def step_parts(layout: RowLayout) -> StepParts:
 
 @dataclass
 class StepBatch:
-    """What one step runs, row by row (refresh rows first, then window rows), and the masked positions of
-    the rows' active blocks, the only ones whose logits it computes (``engine.runner.masked_positions``)."""
+    """What one step runs, row by row (refresh rows first, then window rows), and the logit positions of
+    the rows' active blocks, the only ones whose logits it computes (``engine.runner.logit_positions``)."""
 
     request_ids: list[str]
     refresh: RefreshPart | None
@@ -65,7 +65,8 @@ class StepBatch:
     slots: torch.Tensor  # [rows]
     block_columns: torch.Tensor  # [rows, block_length] batch columns of each row's active block
     step_in_block: torch.Tensor  # [rows] denoising step within the row's current block
-    masked: MaskedPositions
+    positions: LogitPositions
+    rows: list[Request]  # host: the step's rows, in its order
     sampled: SampledPositions | None  # the positions of rows with temperature > 0 (None: every row is greedy)
     bias: RowBias | None  # logit bias of the positions of rows that have one (None: none has)
     logprobs: StepLogprobs | None  # rows whose request wants log-probabilities (None: none)
@@ -78,11 +79,12 @@ class StepBatch:
 
 
 def prepare_inputs(batch: PersistentBatch, parts: StepParts, refresh: Sequence[Request],
-                   window: Sequence[Request]) -> StepBatch:
-    """Tensors for one step: ``refresh`` rows are computed whole, ``window`` rows in their windows."""
+                   window: Sequence[Request], logit_offsets: Callable[[Request], list[int]]) -> StepBatch:
+    """Tensors for one step: ``refresh`` rows are computed whole, ``window`` rows in their windows, and
+    each row's logits at its ``logit_offsets``, the offsets its decoding rule reads."""
     refresh, window = sorted(refresh, key=_slot), sorted(window, key=_slot)
     rows = [*refresh, *window]
-    offsets = [batch.masked_offsets(r) for r in rows]
+    offsets = [logit_offsets(r) for r in rows]
     spans = position_spans(offsets)
     sampled = [index for index, r in enumerate(rows) if r.params.temperature > 0]
     draws = draw_lists(rows, sampled, offsets, spans, batch.block_length) if sampled else []
@@ -94,14 +96,14 @@ def prepare_inputs(batch: PersistentBatch, parts: StepParts, refresh: Sequence[R
         if refresh else None
     window_part = parts.window_rows(batch, window, slots[len(refresh):], block_starts[len(refresh):]) \
         if window else None
-    masked = MaskedPositions(rows=position_rows, offsets=position_offsets, spans=spans)
+    positions = LogitPositions(rows=position_rows, offsets=position_offsets, spans=spans)
     return StepBatch(
         request_ids=[r.request_id for r in rows], refresh=refresh_part, window=window_part, slots=slots,
-        block_columns=block_starts[:, None] + batch.block_offsets, step_in_block=step_in_block, masked=masked,
+        block_columns=block_starts[:, None] + batch.block_offsets, step_in_block=step_in_block, positions=positions,
         sampled=sampled_positions(batch, rows, sampled, spans, draw_tensors) if sampled else None,
         bias=position_bias(batch, rows, spans), logprobs=step_logprobs(batch, rows, offsets, spans),
         leads=[r.block_lead for r in rows],
-        record=_record(batch, parts, refresh, window, refresh_part, window_part, masked.num_positions))
+        rows=rows, record=_record(batch, parts, refresh, window, refresh_part, window_part, positions.num_positions))
 
 
 def _record(batch: PersistentBatch, parts: StepParts, refresh: Sequence[Request], window: Sequence[Request],

@@ -16,7 +16,7 @@ from engine.config import EngineConfig
 from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, StorePart
 from engine.models.loader import DiffusionLM
-from engine.runner.canvas_rule import CanvasRule, denoise, empty_history, initial_canvas
+from engine.rules.entropy_bound import EntropyBound, denoise, empty_history, initial_canvas
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, first_stop
 from engine.scheduling.trace import ForwardRecord
@@ -35,9 +35,10 @@ class CanvasRow:
 
 
 class CanvasRunner:
-    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int):
+    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: EntropyBound):
         self.lm, self.model = lm, lm.model
-        self.rule = CanvasRule.from_config(config)
+        self.rule = rule
+        self.prefix_cache = None
         self.length = config.block_length
         slots, device = config.max_batch_size, lm.device
         self.cache = CanvasKVCache(self.model.config, slots, max_row_width, lm.dtype, device)

@@ -23,7 +23,7 @@ from engine.config import EngineConfig
 from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
-from engine.runner.decoding import NOISE_CHUNK_ELEMENTS
+from engine.rules.proposals import NOISE_CHUNK_ELEMENTS
 from engine.scheduling.model_fit import block_length_for
 
 INDEX_BYTES = 8  # token ids and positions are int64

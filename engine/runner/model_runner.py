@@ -1,8 +1,9 @@
-"""Runs one denoising step on the model and owns the persistent batch it runs on. No policy.
+"""The block runner: runs one denoising step on the model and owns the persistent batch it runs on. No policy.
 
 ``ModelRunner.execute`` applies the scheduler's decisions to the batch (places admitted rows, packs
-window rows), builds the step's tensors, runs the forward and the decoding rule, and returns the
-committed tokens keyed by request id. ``ModelRunner.release`` frees the slots of rows that left.
+window rows), builds the step's tensors, runs the forward, hands the proposals to the decoding rule, and
+returns what the rule wrote and whether each row's block is final, keyed by request id.
+``ModelRunner.release`` frees the slots of rows that left. The rule alone decides what is done.
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import torch
 
 from engine.config import EngineConfig, window_lookback
 from engine.models.loader import DiffusionLM
+from engine.rules.base import BlockRule, BlockView, RowState, RowStep
+from engine.rules.proposals import Sampling, gumbel_noise, propose_tokens
 from engine.runner.batch import PersistentBatch
 from engine.runner.batch_inputs import StepBatch, prepare_inputs, step_parts
-from engine.runner.decoding import Sampling, decode_rule, gumbel_noise, propose_tokens, select_commits
 from engine.runner.logit_processors import apply_logit_bias, token_logprobs
 from engine.runner.prefix_cache import PrefixCache, prefix_cache_blocks
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
@@ -23,9 +25,10 @@ from engine.scheduling.request import Request, TokenLogprob, first_stop
 
 
 class ModelRunner:
-    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int):
+    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: BlockRule):
         self.lm = lm
-        self.rule = decode_rule(config, lm.logit_shift)
+        self.rule = rule
+        self.row_states: dict[str, RowState] = {}  # request id -> its rule state, as the last step left it
         self.batch = PersistentBatch(lm, config.max_batch_size, max_row_width, config.block_length, config.cache,
                                      window_lookback=window_lookback(config, lm.logit_shift))
         self.parts = step_parts(lm.layout)
@@ -38,13 +41,14 @@ class ModelRunner:
         """Apply ``scheduled`` to the persistent batch and run its rows for one denoising step."""
         for request in scheduled.admitted:
             self.batch.place(request)
+            self.row_states[request.request_id] = RowState()
             if self.prefix_cache is not None:
                 self.prefix_cache.reuse(request)
         if not scheduled.num_rows:
             return RunnerOutput(rows={}, model_time_s=0.0)
         whole, window = self.parts.assign(self.batch, scheduled)
         self.batch.pack_window_rows(window)
-        inputs = prepare_inputs(self.batch, self.parts, whole, window)
+        inputs = prepare_inputs(self.batch, self.parts, whole, window, self._logit_offsets)
         started = time.perf_counter()
         rows = self._run(inputs)
         if self.prefix_cache is not None:
@@ -58,34 +62,47 @@ class ModelRunner:
             self.prefix_cache.keep_answers(finished)
         for request in finished:
             self.batch.release(request)
+            self.row_states.pop(request.request_id, None)
+
+    def _logit_offsets(self, request: Request) -> list[int]:
+        """The offsets of the request's active block that its rule reads logits at this step."""
+        offsets = self.row_states[request.request_id].offsets
+        return offsets if offsets is not None else self.rule.logit_offsets(self.batch.untouched_block(request),
+                                                                           request.block_lead)
 
     def _run(self, inputs: StepBatch) -> dict[str, RowResult]:
         """One denoising step for every row of ``inputs``; its one host synchronisation is at the end.
 
-        The head and the rule's proposals run on the masked positions only, each a row of one position;
-        their candidates and confidences then return to ``[rows, block]``, where the positions not
-        computed get a confidence of -inf (no rule reads it: they are not masked)."""
-        mask_id, masked = self.lm.special_ids.mask_id, inputs.masked
+        The head and the proposals run on the logit positions only, each a row of one position; their
+        candidates and confidences then return to ``[rows, block]``, where the positions not computed keep
+        their token and get a confidence of -inf. The rule decides what the step writes and what is final."""
+        positions = inputs.positions
         hidden = self.lm.model.forward_step(inputs.refresh, inputs.window, self.batch.kv_cache)
-        at_masked = (masked.rows, masked.offsets)
-        logits = self.lm.model.logits(hidden, at_masked, masked.spans).unsqueeze(1)  # [positions, 1, vocab]
+        at = (positions.rows, positions.offsets)
+        logits = self.lm.model.logits(hidden, at, positions.spans).unsqueeze(1)  # [positions, 1, vocab]
         if inputs.bias is not None:  # once, for the rule and the log-probabilities alike
             logits = apply_logit_bias(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32),
                                       inputs.bias.rows, inputs.bias.values)
-        candidates, confidence = propose_tokens(logits, mask_id, self._sampling(inputs, logits.shape[-1]),
-                                                measure=self.rule.measure)
+        candidates, confidence = propose_tokens(logits, self.lm.special_ids.mask_id,
+                                                self._sampling(inputs, logits.shape[-1]), measure=self.rule.measure)
         blocks = self.batch.block_tokens(inputs.slots, inputs.block_columns)
-        proposed = blocks.index_put(at_masked, candidates.view(-1))
-        confidence = confidence.new_full(blocks.shape, float("-inf")).index_put_(at_masked, confidence.view(-1))
-        commit = select_commits(self.rule, confidence, blocks == mask_id, inputs.step_in_block)
-        blocks = torch.where(commit, proposed, blocks)
+        computed = torch.zeros_like(blocks, dtype=torch.bool).index_put_(at, torch.ones_like(positions.rows,
+                                                                                            dtype=torch.bool))
+        scores = confidence.new_full(blocks.shape, float("-inf")).index_put_(at, confidence.view(-1))
+        view = BlockView(tokens=blocks, candidates=blocks.index_put(at, candidates.view(-1)), confidence=scores,
+                         computed=computed, step_in_block=inputs.step_in_block,
+                         row_inputs=self.rule.row_inputs([self.row_states[r.request_id] for r in inputs.rows],
+                                                         [r.params for r in inputs.rows], blocks.device))
+        update = self.rule.step(view)
         if inputs.logprobs is not None:
-            self._record_logprobs(inputs, logits, candidates, commit)
-        self.batch.write_blocks(inputs.slots, inputs.block_columns, blocks)
-        host = blocks.tolist()  # the one sync
-        self.batch.note_blocks(inputs.request_ids, host)
-        results = {request_id: self._row_result(row, lead)
-                   for request_id, row, lead in zip(inputs.request_ids, host, inputs.leads)}
+            self._record_logprobs(inputs, logits, candidates, update.written)
+        self.batch.write_blocks(inputs.slots, inputs.block_columns, update.tokens)
+        host = update.host_columns().tolist()  # the one sync
+        results = {}
+        for request, values, lead in zip(inputs.rows, host, inputs.leads):
+            row = RowStep.from_host(values)
+            self.rule.after_step(self.row_states[request.request_id], row, lead)
+            results[request.request_id] = self._row_result(row, lead)
         if inputs.logprobs is not None:
             self._attach_logprobs(inputs, results)
         return results
@@ -99,23 +116,24 @@ class ModelRunner:
         return Sampling(rows=sampled.positions, temperatures=sampled.temperatures,
                         noise=gumbel_noise(*sampled.noise_keys, vocab_size), filters=sampled.filters)
 
-    def _row_result(self, row: list[int], lead: int) -> RowResult:
-        """A host row of block tokens as a RowResult: once no MASK is left, the block's answer tokens
-        (after its ``lead`` prompt tokens) and their first stop token."""
-        if self.lm.special_ids.mask_id in row:
-            return RowResult(False, None, None)
-        tokens = row[lead:]
-        return RowResult(True, first_stop(tokens, self.lm.special_ids.stop_ids), tokens)
+    def _row_result(self, row: RowStep, lead: int) -> RowResult:
+        """A row's step as a RowResult: once its block is final, the block's answer tokens (after its ``lead``
+        prompt tokens) and their first stop token."""
+        if not row.final:
+            return RowResult(False, None, None, edits=row.edits, post_mask=row.post_mask)
+        tokens = row.tokens[lead:]
+        return RowResult(True, first_stop(tokens, self.lm.special_ids.stop_ids), tokens, edits=row.edits,
+                         post_mask=row.post_mask)
 
     def _record_logprobs(self, inputs: StepBatch, logits: torch.Tensor, candidates: torch.Tensor,
-                         commit: torch.Tensor) -> None:
-        """The log-probabilities of the positions committed now, for the rows that asked (``logits``
-        already hold the rows' logit bias)."""
+                         written: torch.Tensor) -> None:
+        """The log-probabilities of the positions written now, for the rows that asked (``logits`` already
+        hold the rows' logit bias); a position written again (an edit) reports its last token's."""
         asked = inputs.logprobs
         chosen, top_values, top_ids = token_logprobs(logits[asked.positions], self.lm.special_ids.mask_id,
                                                      candidates[asked.positions], asked.num_top)
         self.batch.logprob_buffer().write(inputs.slots[asked.position_rows], asked.position_offsets,
-                                          commit[asked.position_rows, asked.position_offsets],
+                                          written[asked.position_rows, asked.position_offsets],
                                           chosen.view(-1), top_values[:, 0], top_ids[:, 0])
 
     def _attach_logprobs(self, inputs: StepBatch, results: dict[str, RowResult]) -> None:

@@ -6,6 +6,7 @@ the row must fit the model's maximum length, the token budget (a box of one row)
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.config import SamplingParams, blocks_needed
@@ -21,18 +22,6 @@ class AdmissionError(ValueError):
         self.param, self.too_long = param, too_long
 
 
-def canvas_params_problem(params: SamplingParams, family: str) -> str | None:
-    """Why a canvas model cannot honour these settings: its sampler has its own temperature schedule
-    (EngineConfig.t_min / t_max) and no per-token filters or log-probabilities."""
-    refused = {"temperature": params.temperature != 0.0, "top_k": params.top_k != 0, "top_p": params.top_p != 1.0,
-               "logit_bias": bool(params.logit_bias), "logprobs": params.logprobs is not None}
-    for name, set_ in refused.items():
-        if set_:
-            return (f"{name} is not offered for {family}: its canvas sampler draws with its own temperature "
-                    "schedule (EngineConfig t_min, t_max) and seed; leave it unset")
-    return None
-
-
 @dataclass(frozen=True)
 class AdmissionLimits:
     block_length: int
@@ -41,6 +30,8 @@ class AdmissionLimits:
     token_budget: int
     max_model_len: int  # the engine's widest row (resolved: <= the model's length and the budget)
     layout: RowLayout = RowLayout("a full-attention model")
+    rule_problem: Callable[[SamplingParams], str | None] | None = None  # the decoding rule's objection to a
+    # request's settings (DecodingRule.request_problem), as a message that starts with the field
 
     def row_width(self, prompt_tokens: int, max_new_tokens: int) -> int:
         """Prompt plus canvas: the columns a request of these sizes occupies."""
@@ -53,7 +44,7 @@ class AdmissionLimits:
         problem = params.validation_error()
         if problem:
             raise AdmissionError(problem, problem.split(" ", 1)[0])  # each message starts with its field
-        if self.layout.decodes_canvases and (problem := canvas_params_problem(params, self.layout.family)):
+        if self.rule_problem is not None and (problem := self.rule_problem(params)):
             raise AdmissionError(problem, problem.split(" ", 1)[0])
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
             raise AdmissionError(f"logit_bias: token id {max(params.logit_bias)} is outside the vocabulary "

@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import weakref
 
-from engine.config import CANVAS_DEFAULTS, CANVAS_SETTINGS, EngineConfig
+from engine.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 _WARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> blocks already warned of
@@ -17,17 +17,23 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
 
     An unset ``block_length`` becomes the block a block-causal or canvas model was trained with, else
     DEFAULT_BLOCK_LENGTH; an unset ``enable_prefix_caching`` is on where it is exact (block-causal
-    layouts). A canvas model decodes with ``entropy_bound`` and its checkpoint's canvas settings. A
+    layouts). A model with a rule of its own (a canvas model's ``entropy_bound``) decodes with it when the config
+    names none, and a rule takes its unset settings from the checkpoint (``DecodingRule.settle``). A
     block-causal model told another block runs it, with one warning per loaded model and block: its
     attention mask then differs from the one it was trained with."""
-    refusal = lm.layout.refusal(config)
+    from engine.rules import rule_class  # the rules load torch; the scheduler's modules never import them
+
+    unset = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "decoding")
+    if lm.layout.own_rule and config.decoding == unset:  # unset: the model's own rule
+        config = dataclasses.replace(config, decoding=lm.layout.own_rule)
+    rule = rule_class(config.decoding)
+    refusal = lm.layout.refusal(config) or rule.refusal(lm.layout)
     if refusal is not None:
         raise ValueError(refusal)
     trained = lm.layout.trained_block
     if config.enable_prefix_caching is None:
         config = dataclasses.replace(config, enable_prefix_caching=lm.layout.caches_prefixes)
-    if lm.layout.decodes_canvases:
-        config = canvas_settings_for(dataclasses.replace(config, decoding="entropy_bound"), lm.canvas_defaults)
+    config = rule.settle(config, lm.canvas_defaults)
     if config.block_length is None:
         return dataclasses.replace(config, block_length=lm.layout.default_block())
     if trained is not None and config.block_length != trained and _first_time(lm, config.block_length):
@@ -35,14 +41,6 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
                        "block-causal mask differs from training (leave block_length unset to run %d)",
                        config.block_length, lm.family, trained, trained)
     return config
-
-
-def canvas_settings_for(config: EngineConfig, checkpoint: dict) -> EngineConfig:
-    """``config`` with every unset canvas setting (``max_denoising_steps`` ...) taken from the checkpoint's
-    generation_config.json, else transformers' defaults."""
-    settled = {name: checkpoint.get(name, CANVAS_DEFAULTS[name]) for name in CANVAS_SETTINGS
-               if getattr(config, name) is None}
-    return dataclasses.replace(config, **settled)
 
 
 def block_length_for(config: EngineConfig, lm) -> int:

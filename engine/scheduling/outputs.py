@@ -11,8 +11,9 @@
   transformer. They are device tensors with a few host tuples for the per-row attention.
 - StepPlan and PartPlan (``engine.models.packed_step``) are built by the transformer once per forward
   and read by every layer: masks, write indices and rotary tables, on the device.
-- RunnerOutput and its RowResults are built by ``ModelRunner.execute`` after its one host sync. The
-  scheduler reads them; they are host data keyed by request id.
+- RunnerOutput and its RowResults are built by a runner's ``execute`` after its one host sync, from
+  what the decoding rule decided (``engine.rules``). The scheduler reads them; they are host data keyed by
+  request id.
 - SchedulerUpdate is built by ``Scheduler.update`` and read by the engine: new tokens and leavers.
 - StepReport is built by ``BlockServeEngine.step`` and read by its callers. It is host data only.
 - BlockEvent (``actors.request_stream``) and StepSummary (``actors.engine_loop``) are built from a
@@ -45,10 +46,12 @@ class SchedulerOutput:
 class RowResult:
     """What a step did to one row."""
 
-    block_complete: bool  # no mask left in its block
+    block_complete: bool  # its rule made the block final: it leaves the row's active block
     stop_index: int | None  # the completed block's first stop token (None: none, or not complete)
-    block_tokens: list[int] | None  # the completed block; None while masks remain
+    block_tokens: list[int] | None  # the completed block; None while it is not final
     block_logprobs: list[TokenLogprob] | None = None  # the completed block's, if its request asked
+    edits: int = 0  # tokens the step rewrote that were not masks (an editing rule's)
+    post_mask: bool = False  # the block held no mask before the step: a post-mask forward
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The schedules: one small policy object each, chosen once from ``EngineConfig.schedule``.
 
-A row whose block has no mask left sits *between blocks*. What happens to it depends on the schedule:
+A row whose block is final sits *between blocks*. What happens to it depends on the schedule:
 
 * ``continuous`` (ours): at the very next step it leaves (stop token committed, cap reached, aborted)
   or starts its next block, while the other rows continue theirs. Pending requests join at every step.

@@ -97,7 +97,7 @@ class Request:
     # (whole blocks are computed; the output keeps max_new_tokens of them)
     canvas_blocks: int = 0  # blocks on its canvas (= cap, or the batch's largest for static/shrink)
     block_index: int = 0  # the block being decoded; once it is complete, the number of blocks done
-    between_blocks: bool = False  # its last block has no mask left and the next one has not started
+    between_blocks: bool = False  # its last block is final and the next one has not started
     step_in_block: int = 0  # denoising steps taken in the current block (block_index's)
     slot: int | None = None  # its row in the runner's persistent batch while it runs
     cached_prefix: int = 0  # prompt columns from 0 whose keys/values came from the prefix cache

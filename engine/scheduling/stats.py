@@ -25,6 +25,9 @@ class EngineStats:
     rows_per_window_forward: float = 0.0  # window rows per call, over calls with a window part
     rows_per_step_while_waiting: float = 0.0  # rows computed per step, over steps with requests pending
     blocks_decoded: int = 0  # row-blocks completed
+    row_forwards: int = 0  # rows computed, summed over steps: each is one forward of that row's block
+    edits: int = 0  # generated tokens rewritten by an editing rule (LLaDA2.1's joint_threshold)
+    post_mask_forwards: int = 0  # row forwards of blocks that held no mask (an editing rule's refinement)
     effective_compute_ratio: float = 0.0  # mean over steps of unfinished requests / max_batch_size
     useful_row_fraction: float = 0.0  # mean over steps of unfinished requests' rows / rows computed
     padding_fraction: float = 0.0  # pad positions / bounding-box positions of the forwards run
@@ -33,6 +36,11 @@ class EngineStats:
     @property
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Output tokens per row forward: the parallelism of the decoding rule (LLaDA2.1's "TPF")."""
+        return self.generated_tokens / self.row_forwards if self.row_forwards else 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -45,7 +53,8 @@ class EngineStats:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self) | {
-            "tokens_per_s": self.tokens_per_s, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "tokens_per_s": self.tokens_per_s, "tokens_per_forward": self.tokens_per_forward,
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
             "scheduler_overhead_fraction": self.scheduler_overhead_fraction}
 
 
@@ -64,7 +73,8 @@ class StatsCollector:
         self._pad_tokens = 0
 
     def record_step(self, record: ForwardRecord, *, useful_rows: int, unfinished_requests: int,
-                    pending_requests: int, blocks_completed: int, model_time_s: float) -> None:
+                    pending_requests: int, blocks_completed: int, model_time_s: float, row_forwards: int = 0,
+                    edits: int = 0, post_mask_forwards: int = 0) -> None:
         """One forward: its shape, how many of its rows decode their own output, and how many running
         requests are unfinished (computed this step or waiting for a block boundary)."""
         totals = self.totals
@@ -73,6 +83,9 @@ class StatsCollector:
         totals.refresh_forwards += record.refresh_rows > 0
         totals.window_forwards += record.window_rows > 0
         totals.blocks_decoded += blocks_completed
+        totals.row_forwards += row_forwards
+        totals.edits += edits
+        totals.post_mask_forwards += post_mask_forwards
         totals.model_time_s += model_time_s
         box = record.bounding_box_tokens
         totals.peak_bounding_box_tokens = max(totals.peak_bounding_box_tokens, box)

@@ -24,7 +24,7 @@ class ForwardRecord:
     window_tokens: int = 0  # tokens per window row
     window_context: int = 0  # keys of the window rows' bounding box (padding included; attention may read
     # up to KEY_ALIGNMENT - 1 more, masked: engine.models.step_inputs)
-    logit_positions: int = 0  # positions whose vocabulary logits were computed: the active blocks' masked ones
+    logit_positions: int = 0  # positions whose vocabulary logits were computed: those its rule reads
     real_tokens: int = 0  # non-pad tokens of the rows computed (prompt + canvas)
     refresh_pad_tokens: int = 0  # box positions of the refresh part with no real token (packed away)
     window_pad_tokens: int = 0  # the same for the window part

@@ -31,7 +31,7 @@ from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models import DiffusionLM, load_model
 from engine.oracle.reference import reference_generate
 from engine.oracle.reference_block_causal import CachedBlockForward
-from engine.runner.decoding import DecodeRule
+from engine.rules import rule_for
 
 RULES = {"bd3_dynamic": "low_confidence_dynamic", "bd3_static": "low_confidence_static",
          "l2hf_generate": "low_confidence_dynamic", "sglang_low_confidence": "low_confidence"}
@@ -108,7 +108,7 @@ def compare_tokens(lm: DiffusionLM, reference: dict) -> dict:
     stops = lm.special_ids.stop_ids
     for key, generations in groups.items():
         config, gen_length = run_settings(generations[0])
-        rule = DecodeRule(config.decoding, threshold=config.threshold, steps_per_block=config.steps_per_block)
+        rule = rule_for(config)
         params = SamplingParams(max_new_tokens=gen_length)
         prompts = [g["prompt_ids"] for g in generations]
         batched = BlockServeEngine(lm, config).generate(prompts, params)

@@ -1,4 +1,4 @@
-"""DiffusionGemma's decoding rule (``decoding="entropy_bound"``): one denoising step of many canvases.
+"""``entropy_bound``: DiffusionGemma's canvas sampler, one denoising step of many canvases.
 
 Per row, as transformers' ``DiffusionGemmaGenerationMixin`` does at batch 1 (``generation_diffusion_gemma``):
 the logits are divided by a temperature falling linearly from ``t_max`` to ``t_min`` over
@@ -14,27 +14,81 @@ batch 1, and the same tokens in any batch.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch.distributions import Categorical
 
-from engine.config import CANVAS_SETTINGS, EngineConfig
+from engine.rules.base import DecodingRule
+
+# unset: the checkpoint's generation_config.json, else these (transformers' DiffusionGemmaGenerationConfig)
+CANVAS_DEFAULTS = {"max_denoising_steps": 48, "entropy_bound": 0.1, "t_min": 0.4, "t_max": 0.8,
+                   "stability_threshold": 1, "confidence_threshold": 0.005}
+CANVAS_SETTINGS = tuple(CANVAS_DEFAULTS)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _int(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+SETTING_CHECKS = {"max_denoising_steps": (lambda v: _int(v, 1), "a positive int"),
+                  "entropy_bound": (lambda v: _number(v) and v > 0, "a number > 0"),
+                  "t_min": (lambda v: _number(v) and v > 0, "a temperature > 0"),
+                  "t_max": (lambda v: _number(v) and v > 0, "a temperature > 0"),
+                  "stability_threshold": (lambda v: _int(v, 0), "an int >= 0"),
+                  "confidence_threshold": (lambda v: _number(v) and v >= 0, "a number >= 0")}
 
 
 @dataclass(frozen=True)
-class CanvasRule:
+class EntropyBound(DecodingRule):
+    """DiffusionGemma's sampler; its runner is ``engine.runner.canvas_runner``."""
+
     max_denoising_steps: int
     entropy_bound: float
     t_min: float
     t_max: float
     stability_threshold: int
     confidence_threshold: float
+    name: ClassVar[str] = "entropy_bound"
+    settings: ClassVar[tuple[str, ...]] = CANVAS_SETTINGS
+    attentions: ClassVar[tuple[str, ...]] = ("canvas",)
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> CanvasRule:
-        """The rule of a config settled for a canvas model (``engine.scheduling.model_fit``)."""
-        return cls(**{name: getattr(config, name) for name in CANVAS_SETTINGS})
+    def settings_problems(cls, config: Any) -> list[tuple[str, str]]:
+        return [(name, f"must be {what} or None, got {getattr(config, name)!r}")
+                for name, (valid, what) in SETTING_CHECKS.items()
+                if getattr(config, name) is not None and not valid(getattr(config, name))]
+
+    @classmethod
+    def settle(cls, config: Any, checkpoint_settings: dict) -> Any:
+        """Every unset canvas setting from the checkpoint's generation_config.json, else transformers' default."""
+        settled = {name: checkpoint_settings.get(name, CANVAS_DEFAULTS[name]) for name in CANVAS_SETTINGS
+                   if getattr(config, name) is None}
+        return dataclasses.replace(config, **settled)
+
+    @classmethod
+    def refusal(cls, layout: Any) -> str | None:
+        if layout.attention != "canvas":
+            return (f"EngineConfig.decoding: 'entropy_bound' is DiffusionGemma's canvas sampler; {layout.family} "
+                    "unmasks blocks" + cls._alternatives(layout))
+        return None
+
+    def request_problem(self, params: Any) -> str | None:
+        """Its sampler has its own temperature schedule (t_min, t_max) and no per-token filters or
+        log-probabilities."""
+        refused = {"temperature": params.temperature != 0.0, "top_k": params.top_k != 0, "top_p": params.top_p != 1.0,
+                   "logit_bias": bool(params.logit_bias), "logprobs": params.logprobs is not None}
+        for name, set_ in refused.items():
+            if set_:
+                return (f"{name} is not offered for diffusion_gemma: its canvas sampler draws with its own "
+                        "temperature schedule (EngineConfig t_min, t_max) and seed; leave it unset")
+        return super().request_problem(params)
 
 
 @dataclass
@@ -51,17 +105,17 @@ def initial_canvas(generator: torch.Generator, length: int, vocab_size: int, dev
     return torch.randint(0, vocab_size, (1, length), generator=generator, device=device)
 
 
-def empty_history(rows: int, rule: CanvasRule, length: int, device: torch.device) -> torch.Tensor:
+def empty_history(rows: int, rule: EntropyBound, length: int, device: torch.device) -> torch.Tensor:
     """No argmax canvas seen yet: -1 everywhere, so a canvas never stops at its first step (the reference's)."""
     return torch.full((rows, rule.stability_threshold, length), -1, dtype=torch.long, device=device)
 
 
-def temperatures(rule: CanvasRule, steps_left: torch.Tensor) -> torch.Tensor:
+def temperatures(rule: EntropyBound, steps_left: torch.Tensor) -> torch.Tensor:
     """The temperature of each row's step (``steps_left`` counts this one), in the reference's float32 ops."""
     return rule.t_min + (rule.t_max - rule.t_min) * (steps_left.to(torch.int32) / rule.max_denoising_steps)
 
 
-def denoise(rule: CanvasRule, logits: torch.Tensor, canvas: torch.Tensor, history: torch.Tensor,
+def denoise(rule: EntropyBound, logits: torch.Tensor, canvas: torch.Tensor, history: torch.Tensor,
             steps_left: torch.Tensor, generators: list[torch.Generator]) -> CanvasStepResult:
     """One step of every row: ``logits [rows, canvas, vocab]`` float32 of the canvases ``canvas``."""
     processed = logits / temperatures(rule, steps_left)[:, None, None]

@@ -1,17 +1,17 @@
-"""A step's masked positions: the only positions of its active blocks whose logits it computes.
+"""A step's logit positions: the only positions of its active blocks whose logits it computes.
 
-A decoding rule reads logits only where a row's active block still holds MASK. The prompt's tokens in a
-first block (its lead) and the positions committed at earlier steps need none. The host knows which
-positions are masked, from the blocks the previous step sent back (``PersistentBatch.masked_offsets``),
-so the index is built there and copied with the step's other inputs, without reading the device.
-Positions go row after row, in the step's row order, each row's in block order::
+A row's decoding rule says which offsets of its active block need logits (``BlockRule.logit_offsets``):
+a mask-only rule its masks, an editing rule its masks and generated tokens. The prompt's tokens in a first
+block (its lead) need none. The host knows the offsets from the blocks the previous step sent back, so the
+index is built there and copied with the step's other inputs, without reading the device. Positions go
+row after row, in the step's row order, each row's in block order (here for a mask-only rule)::
 
     row 0's block:  [ p p M M c M ]        M masked, c committed, p the prompt's (lead)
     row 1's block:  [ M M M M M M ]
     positions:      (0,2) (0,3) (0,5) (1,0) (1,1) ... (1,5)        spans: (0, 3), (3, 6)
 
 A row's settings (temperature, seed, top-k / top-p, logit bias, log-probabilities) become its positions'
-here, so the decoding functions treat each masked position as a row of one position.
+here, so the decoding functions treat each logit position as a row of one position.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from engine.scheduling.request import Request
 
 
 @dataclass(frozen=True)
-class MaskedPositions:
-    """The masked positions of a step's active blocks, row after row."""
+class LogitPositions:
+    """The logit positions of a step's active blocks, row after row."""
 
     rows: torch.Tensor  # [positions] the step row of each
     offsets: torch.Tensor  # [positions] its offset in that row's active block
@@ -40,9 +40,9 @@ class MaskedPositions:
 
 @dataclass(frozen=True)
 class SampledPositions:
-    """The masked positions of the rows that sample (temperature > 0), with what their draws need."""
+    """The logit positions of the rows that sample (temperature > 0), with what their draws need."""
 
-    positions: torch.Tensor  # [k] indices among the step's masked positions
+    positions: torch.Tensor  # [k] indices among the step's logit positions
     temperatures: torch.Tensor  # [k] float32
     noise_keys: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # [k] seeds, [k] global steps, [k, 1]
     # canvas positions (see decoding.gumbel_noise)
@@ -51,19 +51,19 @@ class SampledPositions:
 
 @dataclass(frozen=True)
 class StepLogprobs:
-    """The rows that want log-probabilities, and their masked positions."""
+    """The rows that want log-probabilities, and their logit positions."""
 
     rows: list[int]  # host: their step rows
     counts: list[int]  # host: the alternatives each wants
     num_top: int  # the most alternatives one of them wants
     slots: torch.Tensor  # [r] their slots
-    positions: torch.Tensor  # [q] their masked positions (indices among the step's)
+    positions: torch.Tensor  # [q] their logit positions (indices among the step's)
     position_rows: torch.Tensor  # [q] each one's step row
     position_offsets: torch.Tensor  # [q] each one's offset in its block
 
 
 def position_spans(offsets: Sequence[list[int]]) -> tuple[tuple[int, int], ...]:
-    """(first position, count) of each row, given each row's masked offsets."""
+    """(first position, count) of each row, given each row's logit offsets."""
     spans, first = [], 0
     for row_offsets in offsets:
         spans.append((first, len(row_offsets)))
@@ -72,7 +72,7 @@ def position_spans(offsets: Sequence[list[int]]) -> tuple[tuple[int, int], ...]:
 
 
 def positions_of(spans: Sequence[tuple[int, int]], rows: Sequence[int]) -> list[int]:
-    """The masked positions of ``rows`` (step rows), in order."""
+    """The logit positions of ``rows`` (step rows), in order."""
     return [position for row in rows for position in range(spans[row][0], spans[row][0] + spans[row][1])]
 
 
@@ -106,7 +106,7 @@ def sampled_positions(batch: PersistentBatch, rows: Sequence[Request], sampled: 
 
 def position_bias(batch: PersistentBatch, rows: Sequence[Request],
                   spans: Sequence[tuple[int, int]]) -> RowBias | None:
-    """The logit bias of every masked position of a biased row (None: no row has one)."""
+    """The logit bias of every logit position of a biased row (None: no row has one)."""
     biased = [index for index, r in enumerate(rows) if r.params.logit_bias]
     if not biased:
         return None

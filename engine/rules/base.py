@@ -1,0 +1,173 @@
+"""What a decoding rule defines, and the data one step passes it.
+
+A rule is one object. It owns its settings (``EngineConfig``'s flat keys, validated here), the layouts and
+request settings it refuses, and its per-row state. A block rule (:class:`BlockRule`) also owns which
+positions of a row's active block need logits, and, from one step's proposals, what the step writes and
+whether the block is final. The runner calls it in this order, once per step::
+
+    host:    rule.logit_offsets(block, lead) for each row    -> the positions whose logits run
+    device:  proposals (candidates, confidences) -> BlockView -> rule.step(view) -> BlockUpdate
+    host:    one copy of BlockUpdate.host_columns()           -> rule.after_step(state, ...) per row
+
+The runner never compares tokens with the mask id: what is "done" is the rule's ``final``.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from engine.rules import REQUEST_SETTINGS
+
+
+class DecodingRule:
+    """The settings side of every rule: names, validation, refusals."""
+
+    name: ClassVar[str]  # its key in engine.rules.RULES (EngineConfig.decoding)
+    settings: ClassVar[tuple[str, ...]] = ()  # the EngineConfig keys it reads
+    request_settings: ClassVar[tuple[str, ...]] = ()  # the SamplingParams keys a request may set for it
+    attentions: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")  # RowLayout.attention kinds
+    # it runs on
+
+    @classmethod
+    def settings_problems(cls, config: Any) -> list[tuple[str, str]]:
+        """Its own settings that ``config`` sets to invalid values, as (field, why)."""
+        return []
+
+    @classmethod
+    def requirement_problems(cls, config: Any) -> list[tuple[str, str]]:
+        """What it needs of ``config`` when it is the chosen rule, as (field, why)."""
+        return []
+
+    @classmethod
+    def from_config(cls, config: Any, *, mask_id: int | None = None, logit_shift: int = 0) -> DecodingRule:
+        return cls(**{name: getattr(config, name) for name in cls.settings}, **cls._model_settings(
+            mask_id=mask_id, logit_shift=logit_shift, config=config))
+
+    @classmethod
+    def _model_settings(cls, *, mask_id: int | None, logit_shift: int, config: Any) -> dict[str, Any]:
+        """What the rule takes from the model rather than the config."""
+        return {}
+
+    @classmethod
+    def refusal(cls, layout: Any) -> str | None:
+        """Why a model of this layout cannot run the rule (naming the setting), or None."""
+        if layout.attention not in cls.attentions:
+            return (f"EngineConfig.decoding: {cls.name!r} runs on {' or '.join(cls.attentions)} attention; "
+                    f"{layout.family} attends {layout.attention}" + cls._alternatives(layout))
+        if cls.name in layout.refused_rules:
+            return (f"EngineConfig.decoding: {cls.name!r} is not offered for {layout.family}"
+                    + cls._alternatives(layout))
+        return None
+
+    @staticmethod
+    def _alternatives(layout: Any) -> str:
+        return f": use {layout.own_rule} (or leave decoding unset)" if layout.own_rule else \
+            ": use low_confidence_dynamic, low_confidence, threshold or quota"
+
+    @classmethod
+    def settle(cls, config: Any, checkpoint_settings: dict) -> Any:
+        """``config`` with its unset settings taken from the checkpoint (most rules read none)."""
+        return config
+
+    def request_problem(self, params: Any) -> str | None:
+        """Why a request's settings cannot run under this rule, as a message that starts with the field."""
+        for name in REQUEST_SETTINGS:
+            if getattr(params, name) is not None and name not in self.request_settings:
+                return (f"{name} is a setting of decoding='joint_threshold' (LLaDA2.1's token editing); this "
+                        f"engine decodes with {self.name!r}: leave it unset")
+        return None
+
+
+@dataclass(frozen=True)
+class BlockView:
+    """One step's rows, as a block rule reads them: ``[rows, block]`` tensors on the device."""
+
+    tokens: torch.Tensor  # the active blocks before this step
+    candidates: torch.Tensor  # each computed position's proposed token; its own token elsewhere
+    confidence: torch.Tensor  # the rule's score of each candidate; -inf where no logits were computed
+    computed: torch.Tensor  # bool: the positions whose logits this step computed (the rule's offsets)
+    step_in_block: torch.Tensor  # [rows] steps the row has taken in this block before this one
+    row_inputs: Any = None  # the rule's per-row tensors (BlockRule.row_inputs)
+
+
+@dataclass(frozen=True)
+class BlockUpdate:
+    """What one step did to the rows' active blocks."""
+
+    tokens: torch.Tensor  # [rows, block] the blocks after this step
+    written: torch.Tensor  # [rows, block] bool: positions whose token this step set (logprobs are taken there)
+    final: torch.Tensor  # [rows] bool: the block is final and leaves the row's active block
+    edits: torch.Tensor  # [rows] tokens rewritten that were not masks (editing rules; else zeros)
+    post_mask: torch.Tensor  # [rows] bool: the block held no mask before this step (a post-mask forward)
+
+    def host_columns(self) -> torch.Tensor:
+        """``[rows, block + 3]`` (tokens, final, edits, post_mask): what the one host copy carries."""
+        flags = torch.stack([self.final.long(), self.edits.long(), self.post_mask.long()], dim=1)
+        return torch.cat([self.tokens, flags.to(self.tokens.dtype)], dim=1)
+
+
+@dataclass(frozen=True)
+class RowStep:
+    """One row's part of the host copy of a BlockUpdate."""
+
+    tokens: list[int]
+    final: bool
+    edits: int
+    post_mask: bool
+
+    @classmethod
+    def from_host(cls, values: list[int]) -> RowStep:
+        return cls(values[:-3], bool(values[-3]), values[-2], bool(values[-1]))
+
+
+@dataclass
+class RowState:
+    """A running row's state, as the rule left it at the last step."""
+
+    offsets: list[int] | None = None  # offsets of its active block that need logits (None: untouched)
+    post_mask_forwards: int = 0  # forwards of its active block after the block held no mask
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class BlockRule(DecodingRule):
+    """A rule that decodes a row's active block from logits at some of its positions."""
+
+    mask_id: int | None  # the model's MASK (set by from_config; selecting commits does not need it)
+
+    @property
+    def measure(self) -> str:
+        """The per-position score :func:`engine.rules.proposals.propose_tokens` gives it."""
+        return "probability"
+
+    @classmethod
+    def _model_settings(cls, *, mask_id: int | None, logit_shift: int, config: Any) -> dict[str, Any]:
+        return {"mask_id": mask_id}
+
+    def logit_offsets(self, block: Sequence[int], lead: int) -> list[int]:
+        """Offsets of a row's active block (host tokens, ``lead`` prompt tokens first) that need logits."""
+        return [offset for offset, token in enumerate(block) if token == self.mask_id]
+
+    def row_inputs(self, states: Sequence[RowState], params: Sequence[Any], device: torch.device) -> Any:
+        """The per-row tensors :meth:`step` reads (None: it reads none)."""
+        return None
+
+    def step(self, view: BlockView) -> BlockUpdate:
+        raise NotImplementedError
+
+    def after_step(self, state: RowState, row: RowStep, lead: int) -> None:
+        """Update a row's state from its part of the step's host copy."""
+        if row.final:
+            state.offsets, state.post_mask_forwards = None, 0
+        else:
+            state.offsets = self.logit_offsets(row.tokens, lead)
+            state.post_mask_forwards += row.post_mask
+
+    def _update(self, view: BlockView, tokens: torch.Tensor, written: torch.Tensor,
+                final: torch.Tensor | None = None) -> BlockUpdate:
+        """A mask-only step's update: final once no mask is left, no edits."""
+        zeros = torch.zeros_like(view.step_in_block)
+        final = ~(tokens == self.mask_id).any(-1) if final is None else final
+        return BlockUpdate(tokens, written, final, zeros, zeros.bool())

@@ -1,0 +1,116 @@
+"""``joint_threshold``: LLaDA2.1's token editing (SGLang's ``JointThreshold``, the model card's S and Q modes).
+
+One forward of the row's current block feeds two moves at every step:
+
+* **mask to token**: commit every mask whose confidence is strictly above ``threshold``, and at least the
+  most confident one (so the mask phase needs no step cap);
+* **token to token**: rewrite every position of the block that is neither a mask nor a prompt token, whose
+  argmax differs from its token and whose probability is strictly above ``editing_threshold`` (0.0: every
+  disagreement; None: editing off).
+
+Once the block holds no mask, at most ``max_post_steps`` further forwards run; the block is final at the
+first of them that edits nothing, or when that budget is spent. With editing off it is final once it holds
+no mask, as ``low_confidence``. This is the LLaDA2.1 remote code's budget, and SGLang's tokens. Only the
+current block is edited: a final block is frozen, so its keys and values stay valid. Greedy candidates are
+the argmax without MASK, with its softmax probability, as every block rule's.
+
+Model card modes (block 32): S (speed) ``threshold 0.5, editing_threshold 0.0``; Q (quality) ``0.7 / 0.5``.
+A request may carry its own ``editing_threshold`` and ``max_post_steps`` (``SamplingParams``).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from engine.rules.base import BlockRule, BlockUpdate, BlockView, RowState
+from engine.rules.unmasking import most_confident, unit_threshold_problems
+
+DEFAULT_MAX_POST_STEPS = 16  # LLaDA2.1's remote code and diffusers' default
+
+
+def editing_threshold_problem(value: object) -> str | None:
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0):
+        return None
+    return f"must be a probability in [0, 1] (0.0: edit every disagreement) or None (off), got {value!r}"
+
+
+def max_post_steps_problem(value: object) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return None
+    return f"must be an int >= 0, got {value!r}"
+
+
+@dataclass(frozen=True)
+class EditingInputs:
+    """Each row's editing settings and how many post-mask forwards its block has had: ``[rows]``."""
+
+    editing: torch.Tensor  # bool: editing on
+    editing_threshold: torch.Tensor  # float64
+    post_mask_forwards: torch.Tensor  # long: before this step
+    max_post_steps: torch.Tensor  # long
+
+
+@dataclass(frozen=True)
+class JointThreshold(BlockRule):
+    threshold: float = 0.95
+    editing_threshold: float | None = 0.9
+    max_post_steps: int = DEFAULT_MAX_POST_STEPS
+    mask_id: int | None = None
+    name: ClassVar[str] = "joint_threshold"
+    settings: ClassVar[tuple[str, ...]] = ("threshold", "editing_threshold", "max_post_steps")
+    request_settings: ClassVar[tuple[str, ...]] = ("editing_threshold", "max_post_steps")
+    attentions: ClassVar[tuple[str, ...]] = ("block_causal",)
+
+    @classmethod
+    def settings_problems(cls, config: Any) -> list[tuple[str, str]]:
+        problems = unit_threshold_problems(config)
+        if (problem := editing_threshold_problem(config.editing_threshold)) is not None:
+            problems.append(("editing_threshold", problem))
+        if (problem := max_post_steps_problem(config.max_post_steps)) is not None:
+            problems.append(("max_post_steps", problem))
+        return problems
+
+    @classmethod
+    def refusal(cls, layout: Any) -> str | None:
+        if layout.attention != "block_causal":
+            return (f"EngineConfig.decoding: 'joint_threshold' (LLaDA2.1's token editing) rewrites tokens of the "
+                    f"current block and freezes finished ones, which needs block-causal attention; {layout.family} "
+                    f"attends {layout.attention}" + cls._alternatives(layout))
+        return super().refusal(layout)
+
+    def request_problem(self, params: Any) -> str | None:
+        if (problem := editing_threshold_problem(params.editing_threshold)) is not None:
+            return f"editing_threshold {problem}"
+        if params.max_post_steps is not None and (problem := max_post_steps_problem(params.max_post_steps)):
+            return f"max_post_steps {problem}"
+        return None
+
+    def logit_offsets(self, block: Sequence[int], lead: int) -> list[int]:
+        """Every offset past the lead: masks to commit and generated tokens to edit."""
+        return [offset for offset, token in enumerate(block) if offset >= lead or token == self.mask_id]
+
+    def row_inputs(self, states: Sequence[RowState], params: Sequence[Any], device: torch.device) -> EditingInputs:
+        thresholds = [p.editing_threshold if p.editing_threshold is not None else self.editing_threshold
+                      for p in params]
+        budgets = [p.max_post_steps if p.max_post_steps is not None else self.max_post_steps for p in params]
+        values = torch.tensor([[t is not None, t if t is not None else 0.0, s.post_mask_forwards, b]
+                               for t, s, b in zip(thresholds, states, budgets)], dtype=torch.float64)
+        values = values.to(device, non_blocking=True)
+        return EditingInputs(values[:, 0].bool(), values[:, 1], values[:, 2].long(), values[:, 3].long())
+
+    def step(self, view: BlockView) -> BlockUpdate:
+        inputs: EditingInputs = view.row_inputs
+        masked = view.tokens == self.mask_id
+        commit = (masked & (view.confidence > self.threshold)) | most_confident(view.confidence, masked)
+        editable = view.computed & ~masked & inputs.editing[:, None]
+        edit = editable & (view.candidates != view.tokens) & (view.confidence > inputs.editing_threshold[:, None])
+        tokens = torch.where(commit | edit, view.candidates, view.tokens)
+        post_mask = ~masked.any(-1)
+        forwards = inputs.post_mask_forwards + post_mask.long()
+        edits = edit.sum(-1)
+        settled = ~inputs.editing | (post_mask & (edits == 0)) | (forwards >= inputs.max_post_steps)
+        final = ~(tokens == self.mask_id).any(-1) & settled
+        return BlockUpdate(tokens, commit | edit, final, edits, post_mask)

@@ -1,0 +1,41 @@
+"""What the engine asks of a runner, and the runners a layout may name (``RowLayout.runner``).
+
+A runner owns the device state of its rows and runs one step of them: the block runner
+(``engine.runner.model_runner``) decodes blocks with a block rule, the canvas runner
+(``engine.runner.canvas_runner``) denoises DiffusionGemma's canvases with ``entropy_bound``. Both take the
+scheduler's decisions and return results keyed by request id; neither decides who runs.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from engine.config import EngineConfig
+from engine.models.loader import DiffusionLM
+from engine.rules.base import DecodingRule
+from engine.runner.prefix_cache import PrefixCache
+from engine.scheduling.outputs import RunnerOutput, SchedulerOutput
+from engine.scheduling.request import Request
+
+
+class Runner(Protocol):
+    rule: DecodingRule  # the rule its rows decode with
+    prefix_cache: PrefixCache | None  # the prompts' keys and values it keeps (None: none)
+
+    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule) -> None: ...
+
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        """Apply ``scheduled`` to its rows and run them for one step."""
+
+    def release(self, finished: list[Request]) -> None:
+        """The rows that left give their slots back."""
+
+
+def runner_class(name: str) -> type[Runner]:
+    """The runner a layout names: "blocks" or "canvas"."""
+    from engine.runner.canvas_runner import CanvasRunner
+    from engine.runner.model_runner import ModelRunner
+
+    runners: dict[str, type[Runner]] = {"blocks": ModelRunner, "canvas": CanvasRunner}
+    if name not in runners:
+        raise ValueError(f"unknown runner {name!r}; known: {sorted(runners)}")
+    return runners[name]
