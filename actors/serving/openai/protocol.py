@@ -66,6 +66,9 @@ class _Request(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)  # sampled rows: nucleus (1: off)
     top_k: int | None = Field(None, ge=-1)  # vLLM's extension, sampled rows (-1 or 0: off)
     logit_bias: dict[str, float] | None = None  # token id (as a JSON key) -> bias in [-100, 100]
+    # BlockServe's extensions for decoding="joint_threshold" (LLaDA2.1's token editing); None: the server's
+    editing_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    max_post_steps: int | None = Field(None, ge=0)
     # the caller's labels: accepted, they cannot change an answer
     user: str | None = None
     safety_identifier: str | None = None

@@ -168,7 +168,8 @@ class OpenAIServer:
         params = SamplingParams.from_openai({
             "max_tokens": max_tokens, "temperature": body.temperature, "seed": body.seed,
             "ignore_eos": body.ignore_eos, "top_k": body.top_k, "top_p": body.top_p,
-            "logit_bias": body.token_bias(), "logprobs": logprobs})
+            "logit_bias": body.token_bias(), "logprobs": logprobs, "editing_threshold": body.editing_threshold,
+            "max_post_steps": body.max_post_steps})
         names = {"prompt": prompt_param, "max_new_tokens": param, "stop_at_eos": "ignore_eos",
                  "logprobs": "top_logprobs" if chat else "logprobs", "params": None}  # ours -> the body's
         try:  # the engine's own admission check, tokenizing in a worker thread
