@@ -66,7 +66,7 @@ class RowLayout:
 
     @property
     def runner(self) -> str:
-        """The runner its rows step on (``engine.runner.RUNNERS``)."""
+        """The runner its rows step on (``engine.runner.interface.runner_class``)."""
         return "canvas" if self.decodes_canvases else "blocks"
 
     @property
@@ -83,6 +83,16 @@ class RowLayout:
     def stores_finished_blocks(self) -> bool:
         """A finished block's keys and values are written once; else each block's first step refreshes them."""
         return self.block_causal
+
+    def untrained_block_warning(self, block_length: int) -> str:
+        """What running ``block_length`` instead of the trained block changes, in this layout's words."""
+        if self.decodes_canvases:
+            return (f"EngineConfig.block_length={block_length} on {self.family}, whose canvases are "
+                    f"{self.trained_block} tokens (its canvas_length): canvases of another length were never "
+                    f"trained (leave block_length unset to run {self.trained_block})")
+        return (f"EngineConfig.block_length={block_length} on {self.family}, which was trained with blocks of "
+                f"{self.trained_block}: its block-causal mask differs from training (leave block_length unset to "
+                f"run {self.trained_block})")
 
     def default_block(self) -> int:
         """The block a config that names none decodes with."""

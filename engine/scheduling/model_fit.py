@@ -17,10 +17,10 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
 
     An unset ``block_length`` becomes the block a block-causal or canvas model was trained with, else
     DEFAULT_BLOCK_LENGTH; an unset ``enable_prefix_caching`` is on where it is exact (block-causal
-    layouts). A model with a rule of its own (a canvas model's ``entropy_bound``) decodes with it when the config
-    names none, and a rule takes its unset settings from the checkpoint (``DecodingRule.settle``). A
-    block-causal model told another block runs it, with one warning per loaded model and block: its
-    attention mask then differs from the one it was trained with."""
+    layouts). A model with a rule of its own (a canvas model's ``entropy_bound``) decodes with it when the
+    config names none, and a rule takes its unset settings from the checkpoint (``DecodingRule.settle``). A
+    model told another block than it was trained with runs it, with one warning per loaded model and block
+    (``RowLayout.untrained_block_warning``)."""
     from engine.rules import rule_class  # the rules load torch; the scheduler's modules never import them
 
     unset = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "decoding")
@@ -37,9 +37,7 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
     if config.block_length is None:
         return dataclasses.replace(config, block_length=lm.layout.default_block())
     if trained is not None and config.block_length != trained and _first_time(lm, config.block_length):
-        logger.warning("EngineConfig.block_length=%d on %s, which was trained with blocks of %d: its "
-                       "block-causal mask differs from training (leave block_length unset to run %d)",
-                       config.block_length, lm.family, trained, trained)
+        logger.warning(lm.layout.untrained_block_warning(config.block_length))
     return config
 
 

@@ -83,7 +83,10 @@ def _check_supported(text: dict) -> None:
                          "has routed experts beside its dense MLP")
 
 
-def _layer_shape(text: dict, index: int, layer_type: str, per_layer: dict) -> LayerShape:
+def _layer_shape(text: dict, index: int, layer_type: str, per_layer: dict | None) -> LayerShape:
+    """One layer's shape. ``per_layer`` is the config's ``per_layer_config`` (None: the config has no such
+    key). A config that has one, even ``{}`` or null, gives a layer it does not list the base head size and key/value
+    heads, as transformers does; a config without one gives its global layers ``global_head_dim``."""
     if layer_type not in LAYER_KINDS:
         raise ValueError(f"DiffusionGemma layer {index} has type {layer_type!r}; served: {sorted(LAYER_KINDS)}")
     rope = (text.get("rope_parameters") or DEFAULT_ROPE)[layer_type]
@@ -94,9 +97,9 @@ def _layer_shape(text: dict, index: int, layer_type: str, per_layer: dict) -> La
     fraction = float(rope.get("partial_rotary_factor", 1.0))
     if rope_type == "default" and fraction != 1.0:
         raise ValueError(f"DiffusionGemma {layer_type}: a partial default RoPE ({fraction}) is not supported")
-    overrides = per_layer.get(str(index), per_layer.get(index, {}))
+    overrides = (per_layer or {}).get(str(index), (per_layer or {}).get(index, {}))
     kind = LAYER_KINDS[layer_type]
-    if kind == "global" and not overrides:  # a config written before per_layer_config: its global keys
+    if kind == "global" and per_layer is None:  # a config written before per_layer_config: its global keys
         overrides = {"head_dim": text.get("global_head_dim", 512),
                      "num_key_value_heads": text.get("num_global_key_value_heads") or text["num_key_value_heads"]}
     return LayerShape(kind=kind, head_dim=overrides.get("head_dim", text.get("head_dim", 256)),
@@ -123,7 +126,7 @@ def gemma_text_config(config: dict) -> GemmaTextConfig:
     """The text stack of a DiffusionGemma config.json; ValueError naming a key it would not reproduce."""
     text = config.get("text_config") or {}
     _check_supported(text)
-    per_layer = text.get("per_layer_config") or {}
+    per_layer = (text["per_layer_config"] or {}) if "per_layer_config" in text else None
     layers = tuple(_layer_shape(text, index, kind, per_layer) for index, kind in enumerate(layer_types(text)))
     return GemmaTextConfig(
         vocab_size=text.get("vocab_size", 262_144), hidden_size=text["hidden_size"],
