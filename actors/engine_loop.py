@@ -146,6 +146,11 @@ class EngineLoop:
     def num_running(self) -> int:
         return self._num_running
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that ended the loop (set before ``on_death`` runs), or None."""
+        return self._failure
+
     def health_problem(self) -> str | None:
         """None when healthy; otherwise why the loop cannot serve (dead thread, or stuck in a step)."""
         if self._failure is not None:

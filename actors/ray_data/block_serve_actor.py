@@ -35,13 +35,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Any
 
 import torch
 
-from actors.engine_loop import EngineLoop
+from actors.engine_loop import EngineDeadError, EngineLoop
 from actors.ray_data.actor_config import ActorConfig
 from actors.ray_data.actor_stats import ActorStats
 from actors.ray_data.batch_admission import Door, admitting, wrap_overridden_doors
@@ -87,6 +88,7 @@ class BlockServeActor:
         self.placement = current_placement()
         self.instance_id = uuid.uuid4().hex
         self.gate = BatchGate()
+        self._ending = threading.Lock()  # held by the thread that ends the process
         self.registry = None
         if config.stats_actor is not None:
             self.registry = RegistryClient(config.stats_actor, self.actor_id, self.instance_id)
@@ -152,8 +154,8 @@ class BlockServeActor:
 
     async def _serve(self, rows: list[dict[str, Any]], placement: dict[str, str]) -> list[dict[str, Any]]:
         requests = [self._request_of(row) for row in rows]
-        pending = {index: asyncio.wrap_future(self.loop.submit(*request, stream=False).result)
-                   for index, request in enumerate(requests) if not isinstance(request, str)}
+        pending = {index: self._submit(request) for index, request in enumerate(requests)
+                   if not isinstance(request, str)}
         served = dict(zip(pending, await self._results(list(pending.values()))))
         return [output_row(served.get(index, request), placement) for index, request in enumerate(requests)]
 
@@ -186,6 +188,16 @@ class BlockServeActor:
         params = sampling_params_for_row(self.config.sampling, row.get("sampling_params"))
         return params if isinstance(params, str) else (prompt, params)
 
+    def _submit(self, request: tuple[Any, SamplingParams]) -> asyncio.Future:
+        """The request's result. A loop that died before it could take the request ends the process here
+        in Ray, as its own ``on_death`` does, so that the batch never hears of the death."""
+        try:
+            return asyncio.wrap_future(self.loop.submit(*request, stream=False).result)
+        except EngineDeadError as error:
+            if self.in_ray_actor:
+                self._end_process(self.loop.failure or error)
+            raise
+
     async def _results(self, futures: list[asyncio.Future]) -> list[RequestOutput]:
         """Await the rows; if the engine loop stalls, end the process (in Ray) or fail the batch."""
         waiting = set(futures)
@@ -193,14 +205,16 @@ class BlockServeActor:
             _, waiting = await asyncio.wait(waiting, timeout=HEALTH_CHECK_S)
             if waiting and (problem := self.loop.health_problem()) is not None:
                 if self.in_ray_actor:
-                    self._end_process(problem)
+                    self._end_process(self.loop.failure or problem)
                 raise RuntimeError(f"BlockServeActor {self.actor_id}: {problem}")
         return [future.result() for future in futures]
 
     def _end_process(self, problem: BaseException | str) -> None:
         """Exit so that Ray restarts this actor and retries its batches (the engine cannot recover:
         after a CUDA error the device context is unusable). Called on the loop thread when it dies,
-        before any batch hears of it, so no batch returns an error that would fail the job."""
+        before any batch hears of it, so no batch returns an error that would fail the job. The first
+        caller reports and exits; a batch's thread that comes second waits on the lock until the exit."""
+        self._ending.acquire()  # never released: the process ends below
         logger.error("BlockServeActor %s: engine loop is dead or stuck (%s): exiting so that Ray "
                      "restarts the actor and retries its batches", self.actor_id, problem)
         if self.registry is not None:
