@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from actors.ray_data.actor_config import ActorConfig
+from actors.ray_data.actor_config import ActorConfig, retries_problem
 
 
 class ConfigError(ValueError):
@@ -35,9 +35,11 @@ class ActorsConfig(_Section):
                                         "its engine")
     startup_timeout_s: int = Field(600, ge=1, description="how long the job waits for every actor to "
                                    "load its model")
-    max_restarts: int = Field(8, ge=0, description="how often Ray restarts an actor whose process died; "
-                              "then its batches fail the job")
-    max_task_retries: int = Field(4, ge=0, description="how often Ray retries a batch whose actor died")
+    max_restarts: int = Field(16, ge=-1, description="how often Ray restarts an actor whose process died, "
+                              "then its batches fail the job; at least max_batch_deaths + "
+                              "max_isolation_deaths; -1: no limit")
+    max_task_retries: int = Field(-1, ge=-1, description="how often Ray retries a batch whose actor died, "
+                                  "including deaths it only waited through; -1: as often as the actor restarts")
     actor_class: str | None = Field(None, description="import path of a BlockServeActor subclass; None: "
                                     "BlockServeActor")
     actor_options: dict[str, Any] = Field(default_factory=dict, description="arguments of an actor_class "
@@ -85,6 +87,13 @@ class PipelineConfig(ActorConfig):
             raise ValueError("device 'cuda' needs actors.num_gpus > 0")
         return self
 
+    @model_validator(mode="after")
+    def _retries_outlast_the_ledger(self) -> PipelineConfig:
+        problem = retries_problem(self.actor_settings, self.actors.max_restarts, self.actors.max_task_retries)
+        if problem:
+            raise ValueError(f"actors.{problem}")
+        return self
+
     @property
     def uses_gpus(self) -> bool:
         return self.actors.num_gpus > 0
@@ -125,8 +134,10 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
 def format_errors(path: Path, error: ValidationError) -> str:
     lines = [f"{path}: invalid config ({error.error_count()} problem(s))"]
     for problem in error.errors():
-        key = ".".join(str(part) for part in problem["loc"]) or "(top level)"
-        if problem["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+        key = ".".join(str(part) for part in problem["loc"])
+        if not key:  # a check across keys: its message names them
+            lines.append(f"  {path}: {problem['msg'].removeprefix('Value error, ')}")
+        elif problem["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             lines.append(f"  {path}: {key}: unknown key")
         elif problem["type"] == "missing":
             lines.append(f"  {path}: {key}: required key is missing")

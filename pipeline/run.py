@@ -128,8 +128,9 @@ def generate(ds: ray.data.Dataset, config: PipelineConfig, num_actors: int,
 
 
 def generate_and_write(ds: ray.data.Dataset, config: PipelineConfig, num_actors: int,
-                       outputs_dir: str) -> tuple[float, list[dict], list[dict]]:
-    """Generate and write every row; returns the wall time, the actors' stats snapshots and deaths."""
+                       outputs_dir: str) -> tuple[float, list[dict], list[dict], list[dict]]:
+    """Generate and write every row; returns the wall time, the actors' stats snapshots, their deaths
+    and the isolations of convicted batches."""
     from actors.ray_data.stats_registry import start_stats_registry
 
     registry_name = f"blockserve-stats-{uuid.uuid4().hex[:12]}"
@@ -144,10 +145,11 @@ def generate_and_write(ds: ray.data.Dataset, config: PipelineConfig, num_actors:
         except Exception as error:
             raise JobFailedError(error, ray.get(registry.deaths.remote())) from error
         wall_s = time.time() - started
-        snapshots, deaths = ray.get([registry.collect.remote(), registry.deaths.remote()])
+        snapshots, deaths, isolations = ray.get([registry.collect.remote(), registry.deaths.remote(),
+                                                 registry.isolations.remote()])
     finally:
         ray.kill(registry)
-    return wall_s, snapshots, deaths
+    return wall_s, snapshots, deaths, isolations
 
 
 def run(config: PipelineConfig, config_path: str = "") -> dict | None:
@@ -185,10 +187,11 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     logger.info("%d rows to generate, length buckets at %s tokens, %d shared prompt prefix(es), %d actor(s)",
                 rows_todo, edges, len(shared), num_actors)
 
-    wall_s, snapshots, deaths = generate_and_write(ds, config, num_actors, outputs_dir)
+    wall_s, snapshots, deaths, isolations = generate_and_write(ds, config, num_actors, outputs_dir)
     written = storage.read_column(outputs_dir, config.id_column)
     block_length = job_stats.decoded_block_length(snapshots, config.engine.block_length)
-    result = job_stats.aggregate(snapshots, wall_s, bin_tokens=block_length, deaths=deaths)
+    result = job_stats.aggregate(snapshots, wall_s, bin_tokens=block_length, deaths=deaths,
+                                 isolations=isolations)
     result["run"] = {
         "config": config_path, "input": config.input, "output": config.output, "model": config.model,
         "rows_already_done": len(done_ids), "rows_generated": rows_todo, "bucket_edges": edges,

@@ -95,8 +95,10 @@ def per_node(snapshots: list[dict], wall_s: float) -> list[dict]:
     return nodes
 
 
-def aggregate(snapshots: list[dict], wall_s: float, bin_tokens: int, deaths: list[dict] = ()) -> dict:
-    """``deaths``: the registry's :class:`~actors.ray_data.batch_deaths.ActorDeath` records, kept as they are."""
+def aggregate(snapshots: list[dict], wall_s: float, bin_tokens: int, deaths: list[dict] = (),
+              isolations: list[dict] = ()) -> dict:
+    """``deaths``: the registry's :class:`~actors.ray_data.batch_deaths.ActorDeath` records, kept as they
+    are; ``isolations``: its reports of convicted batches (:mod:`actors.ray_data.batch_isolation`)."""
     by_actor: dict[str, list[dict]] = defaultdict(list)
     for snapshot in snapshots:
         by_actor[snapshot["actor_id"]].append(snapshot)
@@ -111,7 +113,23 @@ def aggregate(snapshots: list[dict], wall_s: float, bin_tokens: int, deaths: lis
               **summarize(snapshots, wall_s=wall_s)}
     return {"per_actor": per_actor, "per_node": per_node(snapshots, wall_s), "totals": totals,
             "latency_by_output_length": latency_by_output_length(snapshots, bin_tokens),
-            "actor_deaths": list(deaths)}
+            "actor_deaths": list(deaths), "batch_isolation": isolation_totals(isolations)}
+
+
+def isolation_totals(isolations: list[dict]) -> dict:
+    """The convicted batches whose rows were retried in smaller groups: their rows, generated and
+    flagged, the deaths it cost and the seconds it took (summed over batches), and each batch's report."""
+    keys = ("rows", "rows_generated", "rows_flagged", "deaths", "wait_s")
+    return {"batches": len(isolations), **{key: sum(i[key] for i in isolations) for key in keys},
+            "per_batch": list(isolations)}
+
+
+def describe_isolation(totals: dict) -> list[str]:
+    if not totals or not totals["batches"]:
+        return []
+    return [f"{totals['batches']} convicted batch(es) of {totals['rows']} rows retried in smaller groups: "
+            f"{totals['rows_generated']} rows generated, {totals['rows_flagged']} flagged, at the cost of "
+            f"{totals['deaths']} more actor deaths and {totals['wait_s']:.1f} s"]
 
 
 def describe_deaths(deaths: list[dict]) -> list[str]:
@@ -185,6 +203,7 @@ def format_table(stats: dict) -> str:
         out.append(f"prefix cache: {totals['cached_prompt_tokens']} of {totals['prompt_tokens']} prompt tokens "
                    f"read from it ({_pct(totals['prefix_cache_hit_rate'])})")
     out += describe_deaths(stats.get("actor_deaths", []))
+    out += describe_isolation(stats.get("batch_isolation", {}))
     out += describe_compilation(stats["per_actor"])
     for bin_ in stats["latency_by_output_length"]:
         out.append(f"  latency, {bin_['output_tokens']:>9} output tokens: p50 {bin_['p50_s']:.2f}s  "

@@ -5,14 +5,18 @@ get written): ``"crash"`` ends the process of the actor's first incarnation (Ray
 retries the batch), ``"engine"`` makes the first incarnation's next engine step raise (the engine loop
 dies and the actor ends its process the production way, reporting the cause), ``"error"`` raises (the
 job fails). ``ExitOnPrompt`` ends the actor's process whenever a batch holding a given prompt reaches
-the engine, on every incarnation: a batch that kills its actor every time. ``ExitAtEntry`` does the same
-at the entry of its own ``generate_rows`` or ``__call__``, before calling the base class's. The pipeline
-tests select them with ``actors.actor_class=tests.fault_injection.<Name>``.
+the engine, on every incarnation: a row that kills its actor every time. ``ExitAtEntry`` does the same
+at the entry of its own ``generate_rows`` or ``__call__``, before calling the base class's. Both end it
+as ``exit_with`` says: ``"exit"`` (``os._exit``), ``"kill"`` (SIGKILL, as the kernel's out-of-memory
+killer does) or, for ``ExitOnPrompt``, ``"engine"`` (the next engine step raises, and the actor ends
+its process the production way, reporting the cause). The pipeline tests select them with
+``actors.actor_class=tests.fault_injection.<Name>``.
 """
 from __future__ import annotations
 
 import logging
 import os
+import signal
 from typing import Any, Literal
 
 from actors.ray_data.batch_rows import Batch, input_rows
@@ -39,25 +43,41 @@ class FailAfterRows(BlockServeActor):
                 if self.fail_mode == "crash":
                     logger.error("injected crash after %d rows (fail_after_rows)", self.stats.rows)
                     os._exit(1)
-                self._fail_next_step(f"injected engine fault after {self.stats.rows} rows (fail_after_rows)")
+                fail_next_step(self, f"injected engine fault after {self.stats.rows} rows (fail_after_rows)")
         return await super().generate_rows(rows)
 
-    def _fail_next_step(self, message: str) -> None:
-        def failing_step():
-            raise RuntimeError(message)
 
-        self.engine.step = failing_step
+def fail_next_step(actor: BlockServeActor, message: str) -> None:
+    """The actor's next engine step raises ``message``: its engine loop dies."""
+    def failing_step():
+        raise RuntimeError(message)
+
+    actor.engine.step = failing_step
+
+
+EXIT_WITH = ("exit", "kill", "engine")
+
+
+def end_process(exit_with: str, why: str) -> None:
+    logger.error("injected process %s %s", "kill" if exit_with == "kill" else "exit", why)
+    if exit_with == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(1)
 
 
 class ExitOnPrompt(BlockServeActor):
-    def __init__(self, *, exit_on_prompt: str, **kwargs: Any):
+    def __init__(self, *, exit_on_prompt: str, exit_with: Literal["exit", "kill", "engine"] = "exit",
+                 **kwargs: Any):
+        if exit_with not in EXIT_WITH:
+            raise ValueError(f"exit_with must be one of {EXIT_WITH}, got {exit_with!r}")
         super().__init__(**kwargs)
-        self.exit_on_prompt = exit_on_prompt
+        self.exit_on_prompt, self.exit_with = exit_on_prompt, exit_with
 
     async def _serve(self, rows: list[dict[str, Any]], placement: dict[str, str]) -> list[dict[str, Any]]:
         if self.in_ray_actor and any(row.get("prompt") == self.exit_on_prompt for row in rows):
-            logger.error("injected process exit on prompt %r", self.exit_on_prompt)
-            os._exit(1)
+            if self.exit_with != "engine":
+                end_process(self.exit_with, f"on prompt {self.exit_on_prompt!r}")
+            fail_next_step(self, f"injected engine fault on prompt {self.exit_on_prompt!r}")
         return await super()._serve(rows, placement)
 
 
@@ -66,11 +86,13 @@ class ExitAtEntry(BlockServeActor):
     (``generate_rows`` or ``__call__``) when the batch holds ``exit_on_prompt``."""
 
     def __init__(self, *, exit_on_prompt: str, exit_at: Literal["generate_rows", "__call__"] = "generate_rows",
-                 **kwargs: Any):
+                 exit_with: Literal["exit", "kill"] = "exit", **kwargs: Any):
         if exit_at not in ("generate_rows", "__call__"):
             raise ValueError(f"exit_at must be 'generate_rows' or '__call__', got {exit_at!r}")
+        if exit_with not in EXIT_WITH[:2]:
+            raise ValueError(f"exit_with must be one of {EXIT_WITH[:2]}, got {exit_with!r}")
         super().__init__(**kwargs)
-        self.exit_on_prompt, self.exit_at = exit_on_prompt, exit_at
+        self.exit_on_prompt, self.exit_at, self.exit_with = exit_on_prompt, exit_at, exit_with
 
     async def __call__(self, batch: Batch) -> Batch:
         self._exit_on("__call__", input_rows(batch, self.columns))
@@ -82,5 +104,4 @@ class ExitAtEntry(BlockServeActor):
 
     def _exit_on(self, door: str, rows: list[dict[str, Any]]) -> None:
         if door == self.exit_at and self.in_ray_actor and any(r.get("prompt") == self.exit_on_prompt for r in rows):
-            logger.error("injected process exit at the entry of %s on prompt %r", door, self.exit_on_prompt)
-            os._exit(1)
+            end_process(self.exit_with, f"at the entry of {door} on prompt {self.exit_on_prompt!r}")

@@ -1,5 +1,6 @@
 """The death ledger and the batch gate: who is charged when an actor dies, and who runs alone (without
-Ray); then real jobs whose actor's process ends at the entry of its door, before the base class's code."""
+Ray); then real jobs whose actor's process ends at the entry of its door, before the base class's code:
+the poison row alone is flagged (tests/test_batch_isolation.py specifies how it is found)."""
 from __future__ import annotations
 
 import asyncio
@@ -94,7 +95,7 @@ def test_a_batch_that_runs_alone_waits_for_the_engine_to_empty_and_holds_back_th
 # --------------------------------------------------------------------------------------------------
 
 POISON = {"id": "poison-0", "prompt": "count from 3 to 11, the row that ends its actor"}
-CHARGED_TWICE = "was running in 2 engine deaths and is not run again"
+ALONE = "this row was being generated, the last time with no other row"
 
 
 def test_a_subclass_door_that_is_not_a_coroutine_is_refused_when_the_class_is_defined():
@@ -111,33 +112,41 @@ def tiny_model(tmp_path_factory) -> str:
     return str(freeze_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
 
 
-def assert_only_the_poison_batch_flagged(rows: list[dict], source: list[dict], batch_size: int) -> None:
-    assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in source)  # every id, once
-    flagged = [r for r in rows if r["__inference_error__"]]
-    assert POISON["id"] in {r["id"] for r in flagged} and len(flagged) <= batch_size
-    for row in flagged:
-        assert CHARGED_TWICE in row["__inference_error__"]
-        assert UNREPORTED_CAUSE in row["__inference_error__"]
-    assert all(r["finish_reason"] in ("eos", "length") for r in rows if not r["__inference_error__"])
+def assert_only_the_poison_flagged(rows: list[dict], source: list[dict], deaths: list[dict],
+                                   isolations: list[dict]) -> None:
+    """Every id once; the poison row flagged alone, after the deaths of its batch and of its groups; at
+    most log2(4) deaths to find it in a batch of 4 rows."""
+    assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in source)
+    (flagged,) = [r for r in rows if r["__inference_error__"]]
+    assert flagged["id"] == POISON["id"] and flagged["finish_reason"] == "error"
+    (isolation,) = isolations
+    assert isolation["rows_flagged"] == 1 and isolation["rows_generated"] == isolation["rows"] - 1
+    assert len(deaths) == 2 + isolation["deaths"] and isolation["deaths"] <= 2
+    assert f"died all {len(deaths)} times {ALONE}" in flagged["__inference_error__"]
+    assert flagged["__inference_error__"].endswith(f"last cause: {UNREPORTED_CAUSE}")
+    assert all(r["finish_reason"] in ("eos", "length") for r in rows if r["id"] != POISON["id"])
 
 
-def test_a_job_whose_actor_dies_at_generate_rows_entry_flags_that_batch_and_writes_the_rest(
-        ray_cluster, tiny_model, tmp_path):
+def test_a_job_whose_actor_dies_at_generate_rows_entry_flags_the_poison_row_only_and_resumes_past_it(
+        ray_cluster, tiny_model, tmp_path, capsys):
     source = demo_rows(8, start=600) + [POISON]
     input_path = tmp_path / "prompts.jsonl"
     input_path.write_text("".join(json.dumps(row) + "\n" for row in source))
     output = tmp_path / "out"
-    code = run_small_job(tiny_model, output, "actors.actor_class=tests.fault_injection.ExitAtEntry",
-                         f"actors.actor_options.exit_on_prompt={json.dumps(POISON['prompt'])}",
-                         input_path=input_path)
-    assert code == 0
-    assert_only_the_poison_batch_flagged(read_outputs(output), source, batch_size=4)
-    deaths = json.loads((output / "stats.json").read_text())["actor_deaths"]
-    assert len(deaths) == 2 and all(death["cause"] == UNREPORTED_CAUSE for death in deaths)
+    overrides = ("actors.actor_class=tests.fault_injection.ExitAtEntry",
+                 f"actors.actor_options.exit_on_prompt={json.dumps(POISON['prompt'])}")
+    capsys.readouterr()
+    assert run_small_job(tiny_model, output, *overrides, input_path=input_path) == 0
+    stats = json.loads((output / "stats.json").read_text())
+    assert_only_the_poison_flagged(read_outputs(output), source, stats["actor_deaths"],
+                                   stats["batch_isolation"]["per_batch"])
+    assert "rows generated, 1 flagged, at the cost of" in capsys.readouterr().out
+    assert run_small_job(tiny_model, output, *overrides, input_path=input_path) == 0  # nothing left to redo
+    assert "nothing to do" in capsys.readouterr().out and len(read_outputs(output)) == len(source)
 
 
-def test_a_users_pipeline_whose_actor_dies_at_call_entry_flags_that_batch_and_returns_the_rest(
-        ray_cluster, tiny_model):
+def test_a_users_pipeline_whose_actor_is_killed_at_call_entry_flags_the_poison_row_only(ray_cluster, tiny_model):
+    """SIGKILL, as the kernel's out-of-memory killer sends it; Ray's retries as docs/ray_data.md advises."""
     import ray
 
     from actors.ray_data.stats_registry import start_stats_registry
@@ -147,16 +156,15 @@ def test_a_users_pipeline_whose_actor_dies_at_call_entry_flags_that_batch_and_re
     registry_name = f"stats-{uuid.uuid4().hex[:8]}"
     registry = start_stats_registry(registry_name)
     ds = ray.data.from_items(source).map_batches(
-        ExitAtEntry, batch_size=4, num_cpus=0.25, max_restarts=8, max_task_retries=4,
+        ExitAtEntry, batch_size=4, num_cpus=0.25, max_restarts=16, max_task_retries=-1,
         compute=ray.data.ActorPoolStrategy(size=1, max_concurrent_calls_per_actor=2),
         fn_constructor_kwargs={"model": tiny_model, "sampling": {"max_new_tokens": 32}, "chat_template": True,
-                               "torch_threads": 1, "stats_actor": registry_name,
-                               "exit_on_prompt": POISON["prompt"], "exit_at": "__call__"})
+                               "torch_threads": 1, "stats_actor": registry_name, "exit_on_prompt": POISON["prompt"],
+                               "exit_at": "__call__", "exit_with": "kill"})
     ds.context.wait_for_min_actors_s = 300
     try:
         rows = ds.take_all()
-        deaths = ray.get(registry.deaths.remote())
+        deaths, isolations = ray.get([registry.deaths.remote(), registry.isolations.remote()])
     finally:
         ray.kill(registry)
-    assert_only_the_poison_batch_flagged(rows, source, batch_size=4)
-    assert len(deaths) == 2
+    assert_only_the_poison_flagged(rows, source, deaths, isolations)

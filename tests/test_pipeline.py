@@ -234,19 +234,24 @@ def poison_job(tiny_model: str, tmp_path: Path, *overrides: str) -> tuple[int, l
     return code, source, str(output)
 
 
-def test_a_batch_that_kills_its_actor_every_time_gets_its_rows_flagged_and_the_rest_finish(
+def test_a_row_whose_engine_step_fails_every_time_is_flagged_alone_and_the_rest_finish(
         ray_cluster, tiny_model, tmp_path):
-    code, source, output = poison_job(tiny_model, tmp_path)
+    """The step raises, so each death reports its cause; its batch's other rows are generated."""
+    code, source, output = poison_job(tiny_model, tmp_path, "actors.actor_options.exit_with=engine")
     assert code == 0
     rows = {r["id"]: r for r in read_outputs(Path(output))}
     assert sorted(rows) == sorted(r["id"] for r in source)
-    flagged = [r for r in rows.values() if r["__inference_error__"]]
-    assert source[4]["id"] in {r["id"] for r in flagged} and len(flagged) <= 4  # one batch (batch_size 4)
-    for row in flagged:
-        assert "was running in 2 engine deaths and is not run again" in row["__inference_error__"]
-        assert "ended without reporting an error" in row["__inference_error__"]
+    (flagged,) = [r for r in rows.values() if r["__inference_error__"]]
+    assert flagged["id"] == source[4]["id"]
+    stats = stats_of(Path(output))
+    deaths, isolation = stats["actor_deaths"], stats["batch_isolation"]
+    assert len(deaths) == 2 + isolation["deaths"] and (isolation["batches"], isolation["rows_flagged"]) == (1, 1)
+    cause = f"RuntimeError: injected engine fault on prompt {source[4]['prompt']!r}"
+    assert all(death["cause"] == cause for death in deaths)
+    assert f"died all {len(deaths)} times this row was being generated, the last time with no other row" in \
+        flagged["__inference_error__"]
+    assert flagged["__inference_error__"].endswith(f"last cause: {cause}")
     assert all(r["finish_reason"] in ("eos", "length") for r in rows.values() if not r["__inference_error__"])
-    assert len(stats_of(Path(output))["actor_deaths"]) == 2
 
 
 def test_without_continue_on_error_a_batch_that_kills_its_actor_every_time_ends_the_job(

@@ -47,7 +47,16 @@ class ActorConfig(BaseModel):
                                    "long ends the actor's process (Ray restarts it)")
     stats_actor: str | None = Field(None, description="name of the job's StatsRegistry to report to")
     max_batch_deaths: int = Field(2, ge=1, description="with stats_actor: a batch running in this many "
-                                  "engine deaths is not run again (actors/ray_data/batch_deaths.py)")
+                                  "deaths of its actor's process is convicted (actors/ray_data/batch_deaths.py)")
+    max_isolation_deaths: int = Field(8, ge=0, description="with stats_actor: the most deaths a convicted "
+                                      "batch may cost while its rows are retried in halves, so that only rows "
+                                      "that kill are flagged (about log2(rows) each); 0: flag the whole batch")
+
+    @property
+    def isolates_rows(self) -> bool:
+        """A convicted batch's rows are retried in smaller groups (a failed row fails the batch anyway
+        when ``should_continue_on_error`` is False)."""
+        return self.max_isolation_deaths > 0 and self.should_continue_on_error
 
     @field_validator("device", mode="before")
     @classmethod
@@ -79,3 +88,15 @@ class ActorConfig(BaseModel):
         if problem:
             raise ValueError(problem)
         return value
+
+
+def retries_problem(config: ActorConfig, max_restarts: int, max_task_retries: int) -> str | None:
+    """Which of Ray's two limits (-1: none) would fail the job before the death ledger settles a batch
+    that kills its actor every time, in words that name it; None when both outlast it."""
+    needed = config.max_batch_deaths + (config.max_isolation_deaths if config.isolates_rows else 0)
+    for name, value in (("max_restarts", max_restarts), ("max_task_retries", max_task_retries)):
+        if value != -1 and value < needed:
+            return (f"{name}: {value} is fewer than the {needed} deaths one batch that kills its actor may "
+                    f"cost (max_batch_deaths {config.max_batch_deaths} + max_isolation_deaths "
+                    f"{config.max_isolation_deaths}); set at least {needed}, or -1")
+    return None

@@ -5,8 +5,11 @@ Ray restarts a dead actor and retries the batches it held; a batch that kills th
 registry keeps a :class:`DeathLedger`: each actor instance says which batches it runs, and a death
 charges every batch that was running on the dead instance. A batch charged once runs alone when it
 comes back (:class:`BatchGate`), so a second death convicts it and not its neighbours. At
-``max_batch_deaths`` charges an actor does not run the batch again: its rows get an error naming the
-cause, or the job fails with that message (``should_continue_on_error=False``).
+``max_batch_deaths`` charges the batch is convicted. Its rows are retried in smaller groups until the
+rows that kill the actor are found (:mod:`actors.ray_data.batch_isolation`): while that runs, a death is
+charged to the group that was running, not to the batch. With ``max_isolation_deaths`` 0, or
+``should_continue_on_error=False``, a convicted batch is not run again: its rows get an error naming
+the cause, or the job fails with that message.
 
 An instance that dies reports its cause first when it can (the engine loop raised, or stalled). A
 process killed outright reports nothing; the restarted instance of the same actor tells the ledger.
@@ -21,6 +24,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from actors.ray_data.batch_isolation import Isolation, RowGroup
 
 UNREPORTED_CAUSE = "the actor's process ended without reporting an error (killed, or a crash below Python)"
 
@@ -67,6 +72,8 @@ class DeathLedger:
     running: dict[str, dict[str, str]] = field(default_factory=dict)  # instance -> batch key -> label
     batches: dict[str, BatchRecord] = field(default_factory=dict)
     deaths: list[ActorDeath] = field(default_factory=list)
+    isolations: dict[str, Isolation] = field(default_factory=dict)  # convicted batch key -> its groups
+    isolated: list[dict[str, Any]] = field(default_factory=list)  # the reports of finished isolations
 
     def instance_started(self, actor_id: str, instance_id: str, restarted: bool) -> None:
         """A restarted actor: its earlier instances that did not report their death died silently."""
@@ -79,6 +86,9 @@ class DeathLedger:
     def instance_died(self, actor_id: str, instance_id: str, cause: str) -> None:
         running = self.running.pop(instance_id, {})
         for key in running:
+            if key in self.isolations:
+                self.isolations[key].group_died(cause)
+                continue
             record = self.batches[key]
             record.deaths += 1
             record.last_cause = cause
@@ -97,6 +107,30 @@ class DeathLedger:
         """A finished batch is not coming back: its record goes (a long job keeps no record per batch)."""
         self.running.get(instance_id, {}).pop(batch_key, None)
         self.batches.pop(batch_key, None)
+        if (isolation := self.isolations.pop(batch_key, None)) is not None:
+            self.isolated.append(isolation.report())
+
+    def next_group(self, instance_id: str, batch: BatchIdentity, num_rows: int, max_deaths: int) -> RowGroup | None:
+        """The convicted batch's next group, running on this instance from now on (its death is the
+        group's); None once every row is generated or flagged. The first call starts the isolation."""
+        isolation = self.isolations.get(batch.key)
+        if isolation is None:
+            record = self.batch_record(batch)
+            isolation = Isolation.of_batch(batch.label, num_rows, record.deaths, record.last_cause, max_deaths)
+            self.isolations[batch.key] = isolation
+        group = isolation.next_group()
+        if group is not None:
+            self.running.setdefault(instance_id, {})[batch.key] = group.rows_label(batch.label)
+        return group
+
+    def group_finished(self, instance_id: str, batch_key: str, outputs: list[dict[str, Any]]) -> None:
+        self.running.get(instance_id, {}).pop(batch_key, None)
+        self.isolations[batch_key].group_finished(outputs)
+
+    def isolation_result(self, batch_key: str) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        """The output rows of the generated rows, and the errors of the flagged ones, by row index."""
+        isolation = self.isolations[batch_key]
+        return dict(isolation.outputs), dict(isolation.flagged)
 
     def death_reports(self) -> list[dict[str, Any]]:
         return [asdict(death) for death in self.deaths]

@@ -63,8 +63,30 @@ def column_values(batch: Batch, name: str) -> list[Any] | None:
     if isinstance(batch, pa.Table):
         return batch.column(name).to_pylist()
     if isinstance(batch, Mapping):
-        return [to_python(value) for value in batch[name]]
+        column = batch[name]
+        if isinstance(column, (pa.Array, pa.ChunkedArray)):  # a column that with_columns added
+            return column.to_pylist()
+        return [to_python(value) for value in column]
     return [to_python(value) for value in batch[name].tolist()]
+
+
+def rows_of_columns(batch: Batch, names: list[str]) -> list[dict[str, Any]]:
+    """One dict of the named columns' plain Python values per row."""
+    if isinstance(batch, list):
+        return [{name: row[name] for name in names} for row in batch]
+    values = [column_values(batch, name) for name in names]
+    return [dict(zip(names, row)) for row in zip(*values)]
+
+
+def take_rows(batch: Batch, start: int, end: int) -> Batch:
+    """Rows ``[start, end)`` of the batch, in its own format."""
+    if isinstance(batch, pa.Table):
+        return batch.slice(start, end - start)
+    if isinstance(batch, Mapping):
+        return {name: column[start:end] for name, column in batch.items()}
+    if isinstance(batch, list):
+        return batch[start:end]
+    return batch.iloc[start:end].reset_index(drop=True)  # pandas: with_columns aligns on the index
 
 
 def input_rows(batch: Batch, columns: Mapping[str, str] | None = None) -> list[dict[str, Any]]:

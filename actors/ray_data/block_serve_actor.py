@@ -25,10 +25,11 @@ In a Ray actor, an engine loop that dies (a step raised, e.g. a CUDA error) or s
 process: Ray restarts the actor (up to the processor's ``max_restarts``) and retries the batches it
 held, so the job still writes every row once. A process left alive would fail every later batch, and
 Ray only retries batches whose actor died. Outside Ray, the batch raises instead. With ``stats_actor``
-set, the registry also learns of each death and its cause, and a batch that was running in
-``max_batch_deaths`` of them is not run again (:mod:`actors.ray_data.batch_deaths`). Each door records
-its batch before any code of the actor runs on it, a subclass's override of the door included
-(:mod:`actors.ray_data.batch_admission`), so a death anywhere in the actor is charged to its batch.
+set, the registry also learns of each death and its cause. A batch that was running in
+``max_batch_deaths`` of them has its rows retried in smaller groups, so that only the rows that kill the
+actor are flagged (:mod:`actors.ray_data.batch_deaths`, :mod:`actors.ray_data.batch_isolation`). Each
+door records its batch, or group, before any code of the actor runs on it, a subclass's override of the
+door included (:mod:`actors.ray_data.batch_admission`), so a death anywhere in the actor is charged to it.
 """
 from __future__ import annotations
 
@@ -47,10 +48,10 @@ from actors.ray_data.actor_config import ActorConfig
 from actors.ray_data.actor_stats import ActorStats
 from actors.ray_data.batch_admission import Door, admitting, wrap_overridden_doors
 from actors.ray_data.batch_deaths import BatchGate
-from actors.ray_data.batch_rows import Batch, input_rows, is_missing, with_columns
+from actors.ray_data.batch_rows import Batch, input_rows, is_missing, rows_of_columns, take_rows, with_columns
 from actors.ray_data.device_stats import UtilizationSampler, memory_peak
 from actors.ray_data.placement import current_placement
-from actors.ray_data.row_outputs import RowError, output_columns, output_row, raise_first_error
+from actors.ray_data.row_outputs import OUTPUT_SCHEMA, RowError, output_columns, output_row, raise_first_error
 from actors.ray_data.row_params import sampling_params_for_row
 from actors.ray_data.stats_registry import RegistryClient
 from engine import BlockServeEngine, RequestOutput, SamplingParams
@@ -63,8 +64,11 @@ HEALTH_CHECK_S = 5.0  # how often a waiting batch asks whether the engine loop s
 
 # the entry points of a batch, each admitted to the death ledger before its code runs (batch_admission)
 CALL_DOOR = Door(rows=lambda actor, batch: input_rows(batch, actor.columns),
-                 answer=lambda actor, batch, outputs: with_columns(batch, output_columns(outputs)))
-ROWS_DOOR = Door(rows=lambda actor, rows: rows, answer=lambda actor, rows, outputs: outputs)
+                 answer=lambda actor, batch, outputs: with_columns(batch, output_columns(outputs)),
+                 part=lambda actor, batch, start, end: take_rows(batch, start, end),
+                 outputs=lambda actor, result: rows_of_columns(result, OUTPUT_SCHEMA.names))
+ROWS_DOOR = Door(rows=lambda actor, rows: rows, answer=lambda actor, rows, outputs: outputs,
+                 part=lambda actor, rows, start, end: rows[start:end], outputs=lambda actor, result: result)
 DOORS = {"__call__": CALL_DOOR, "generate_rows": ROWS_DOOR}
 
 
@@ -133,10 +137,11 @@ class BlockServeActor:
         started = time.perf_counter()
         return await self._finish(rows, await self._serve(rows, self.row_placement), started)
 
-    async def refuse(self, rows: list[dict[str, Any]], message: str) -> list[dict[str, Any]]:
-        """The output rows of a batch that is not run: each one's error is ``message``."""
-        logger.error("%s", message)
-        outputs = [output_row(message, self.row_placement) for _ in rows]
+    async def refuse(self, rows: list[dict[str, Any]], messages: list[str]) -> list[dict[str, Any]]:
+        """The output rows of rows that are not run: each one's error is its message."""
+        for message in dict.fromkeys(messages):
+            logger.error("%s", message)
+        outputs = [output_row(message, self.row_placement) for message in messages]
         return await self._finish(rows, outputs, time.perf_counter())
 
     async def _finish(self, rows: list[dict[str, Any]], outputs: list[dict[str, Any]],

@@ -48,7 +48,7 @@ check_ray_version()
 from ray.llm._internal.batch.processor.base import OfflineProcessorConfig, Processor, ProcessorBuilder  # noqa: E402  (after the version check)
 from ray.llm._internal.batch.stages.base import StatefulStage, StatefulStageUDF  # noqa: E402
 
-from actors.ray_data.actor_config import ActorConfig, offline_engine_config  # noqa: E402
+from actors.ray_data.actor_config import ActorConfig, offline_engine_config, retries_problem  # noqa: E402
 from actors.ray_data.batch_rows import INPUT_COLUMNS, input_rows  # noqa: E402
 from engine import EngineConfig  # noqa: E402
 
@@ -71,9 +71,11 @@ class BlockServeProcessorConfig(OfflineProcessorConfig):
                                "(actors/ray_data/actor_config.py); its model is model_source")
     num_gpus_per_actor: float = Field(0.0, ge=0.0, description="0 on CPU clusters; 1 per engine on GPUs")
     num_cpus_per_actor: float = Field(1.0, gt=0.0, description="CPUs per actor")
-    max_restarts: int = Field(8, ge=0, description="times Ray restarts an actor whose process died; then "
-                              "its batches fail the job")
-    max_task_retries: int = Field(4, ge=0, description="times Ray retries a batch whose actor died")
+    max_restarts: int = Field(16, ge=-1, description="times Ray restarts an actor whose process died, then "
+                              "its batches fail the job; with actor.stats_actor, at least max_batch_deaths + "
+                              "max_isolation_deaths; -1: no limit")
+    max_task_retries: int = Field(-1, ge=-1, description="times Ray retries a batch whose actor died, "
+                                  "including deaths it only waited through; -1: as often as the actor restarts")
     actor_options: dict[str, Any] = Field(
         default_factory=dict, description="arguments of an actor_class subclass beyond ActorConfig's")
     actor_class: str = Field(DEFAULT_ACTOR_CLASS, description="import path of the stage's actor: "
@@ -91,6 +93,14 @@ class BlockServeProcessorConfig(OfflineProcessorConfig):
         if not isinstance(values, dict) or not values.get("engine_kwargs"):
             return values
         return {**values, "actor": with_engine_kwargs(values.get("actor", {}), dict(values["engine_kwargs"]))}
+
+    @model_validator(mode="after")
+    def _retries_outlast_the_ledger(self) -> BlockServeProcessorConfig:
+        if self.actor.stats_actor is not None:
+            problem = retries_problem(self.actor_settings, self.max_restarts, self.max_task_retries)
+            if problem:
+                raise ValueError(problem)
+        return self
 
     @field_validator("actor_class")
     @classmethod

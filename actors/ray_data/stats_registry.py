@@ -5,7 +5,8 @@ waits for the report to land before returning the batch, so when the dataset has
 registry already holds every actor's final numbers. Snapshots are keyed by the actor *instance*: an actor
 that Ray restarted after a crash keeps its actor id but starts a fresh engine, and the driver adds the
 instances up (see ``pipeline.stats``). It also keeps the job's :class:`~actors.ray_data.batch_deaths.DeathLedger`:
-which actor instances died, why, and which batches each was running.
+which actor instances died, why, and which batches each was running, and the groups of each convicted
+batch whose rows are being isolated.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import ray
 
 from actors.ray_data.batch_deaths import BatchIdentity, BatchRecord, DeathLedger
+from actors.ray_data.batch_isolation import RowGroup
 
 
 @ray.remote(num_cpus=0)
@@ -48,8 +50,21 @@ class StatsRegistry:
     def batch_finished(self, instance_id: str, batch_key: str) -> None:
         self._ledger.batch_finished(instance_id, batch_key)
 
+    def next_group(self, instance_id: str, batch: BatchIdentity, num_rows: int, max_deaths: int) -> RowGroup | None:
+        return self._ledger.next_group(instance_id, batch, num_rows, max_deaths)
+
+    def group_finished(self, instance_id: str, batch_key: str, outputs: list[dict]) -> None:
+        self._ledger.group_finished(instance_id, batch_key, outputs)
+
+    def isolation_result(self, batch_key: str) -> tuple[dict[int, dict], dict[int, str]]:
+        return self._ledger.isolation_result(batch_key)
+
     def deaths(self) -> list[dict]:
         return self._ledger.death_reports()
+
+    def isolations(self) -> list[dict]:
+        """The reports of the convicted batches whose isolation finished."""
+        return list(self._ledger.isolated)
 
 
 class RegistryClient:
@@ -87,6 +102,15 @@ class RegistryClient:
 
     async def batch_finished(self, batch_key: str) -> None:
         await self._call(self.registry.batch_finished, self.instance_id, batch_key)
+
+    async def next_group(self, batch: BatchIdentity, num_rows: int, max_deaths: int) -> RowGroup | None:
+        return await self._call(self.registry.next_group, self.instance_id, batch, num_rows, max_deaths)
+
+    async def group_finished(self, batch_key: str, outputs: list[dict[str, Any]]) -> None:
+        await self._call(self.registry.group_finished, self.instance_id, batch_key, outputs)
+
+    async def isolation_result(self, batch_key: str) -> tuple[dict[int, dict], dict[int, str]]:
+        return await self._call(self.registry.isolation_result, batch_key)
 
     @staticmethod
     async def _call(method, *args: Any) -> Any:
