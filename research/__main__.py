@@ -47,6 +47,9 @@ EXPERIMENTS: dict[str, Experiment] = {
     "pipeline": Experiment("research.pipeline_vs_engine",
                            ScaleArgs(("--rows", "16", "--repeats", "1"), ("--rows", "48", "--repeats", "1")), None,
                            False, "Ray Data actor vs bare engine"),
+    "poison-row": Experiment("research.poison_row", ScaleArgs(("--rows", "8", "--points", "entry"), ("--rows", "48")),
+                             OUT_DIR, False, "one row that kills its actor every time: the batch job with its "
+                             "batch's rows isolated and without"),
     "long-input": Experiment("research.long_input", ScaleArgs(), None, False,
                              "pathological inputs over HTTP and in the batch job (issue 22)"),
     "humaneval-lengths": Experiment("research.humaneval_lengths", ScaleArgs(), None, False,
