@@ -30,7 +30,8 @@ from engine.models.compiled_inputs import BucketInputs, StaticInputs, allocate, 
 from engine.models.compiled_shapes import CompiledShapes, max_graphs, row_cap
 from engine.models.kv_cache import KVCache
 from engine.models.layers import rotary_tables
-from engine.models.packed_step import PartPlan, StepPlan, additive_mask, block_causal_mask, rotary_dtype
+from engine.models.packed_step import PartPlan, StepPlan, rotary_dtype
+from engine.models.part_attention import PartAttention
 from engine.models.step_inputs import RefreshPart, WindowPart
 
 # what a failed compilation raises: dynamo's own errors (a recompile limit, an unsupported op) and the
@@ -72,21 +73,18 @@ _layer_region = torch.compiler.nested_compile_region(_layer)
 
 
 def _forward(model, tokens, positions, key_mask, key_positions, kv, write_slots, write_columns, window: bool,
-             block_size: int | None) -> torch.Tensor:
+             attention: PartAttention) -> torch.Tensor:
     """Embedding, rotary tables, mask and every layer of one part, ``[rows * length, hidden]``.
 
     Every size comes from the inputs' shapes, so an exact-shape graph traces them as sizes: a
-    ``window`` reads cache slots ``[0, rows)`` and as many columns as ``key_mask`` has, from column 0
-    when block-causal (``block_size`` set: masks from the queries' and keys' positions), else up to
-    the cache's width."""
+    ``window`` reads cache slots ``[0, rows)`` and as many columns as ``key_mask`` has, where the
+    part's ``attention`` puts its context (``engine.models.part_attention``)."""
     rows, length = tokens.shape
-    keys = key_mask.shape[1]
     width = kv.shape[4] - 1 if kv is not None else 0
-    context = (rows, 0, keys) if block_size is not None else (rows, width - keys, width)
-    context_rows, context_start, context_end = context if window else (0, 0, 0)
+    context = (rows, *attention.context_columns(key_mask.shape[1], width)) if window else (0, 0, 0)
+    context_rows, context_start, context_end = context
     cos, signed_sin = _tables(model, positions)
-    mask = (additive_mask(key_mask, model.dtype) if block_size is None else
-            block_causal_mask(key_mask, positions, key_positions, block_size, model.dtype))
+    mask = attention.mask(key_mask, positions, key_positions, model.dtype)
     x = model.embed(tokens.reshape(-1))
     for index, layer in enumerate(model.layers):
         x = _layer_region(layer, x, cos, signed_sin, mask, kv[index] if kv is not None else None,
@@ -194,9 +192,9 @@ class CompiledForward:
     def _refresh(self, part: RefreshPart, kv_cache: KVCache | None) -> torch.Tensor:
         rows, length = part.tokens.shape
         padded_rows, padded_length, grow = self.shape_rule.refresh(part, kv_cache)
-        writes = part.slots is not None
-        inputs = self._inputs(("refresh", padded_rows, padded_length, padded_length, writes, part.block_causal),
-                              part.tokens.device)
+        writes, attention = part.slots is not None, part.attention
+        inputs = self._inputs(("refresh", padded_rows, padded_length, padded_length, writes,
+                               attention.mask_reads_positions), part.tokens.device)
         fill(inputs.tokens, part.tokens, 0, grow)
         fill(inputs.positions, part.positions, 0, grow)
         fill(inputs.key_mask, part.key_mask, False, grow)[rows:, -1] = True  # padding rows: one key, dropped
@@ -205,31 +203,32 @@ class CompiledForward:
             first = part.first_column - grow
             inputs.write_columns[:rows] = torch.arange(first, first + padded_length, device=part.tokens.device)
             inputs.write_columns[rows:] = kv_cache.width  # padding rows write the scratch column only
-        x = self._layers(inputs, inputs.positions, kv_cache if writes else None, False, part.block_size, "refresh")
+        x = self._layers(inputs, inputs.positions, kv_cache if writes else None, False, attention, "refresh")
         hidden = x.view(padded_rows, padded_length, -1)[:rows, grow:grow + length]
         return self._read(part, hidden)
 
     def _window(self, part: WindowPart, kv_cache: KVCache) -> torch.Tensor:
         rows, length = part.tokens.shape
         padded_rows, padded_length, context = self.shape_rule.window(part, kv_cache)
-        start, end = (0, context) if part.block_causal else (kv_cache.width - context, kv_cache.width)
-        inputs = self._inputs(("window", padded_rows, padded_length, context, True, part.block_causal),
+        attention = part.attention
+        start, end = attention.context_columns(context, kv_cache.width)
+        inputs = self._inputs(("window", padded_rows, padded_length, context, True, attention.mask_reads_positions),
                               part.tokens.device)
         fill(inputs.tokens, part.tokens, 0)
         fill(inputs.positions, part.positions, 0)
         fill(inputs.write_columns, part.columns, kv_cache.width)  # padding: the scratch column
         key_mask = inputs.key_mask
         key_mask.copy_(kv_cache.key_mask[:padded_rows, start:end])
-        if part.block_causal:  # columns past the rows' active blocks are never keys
-            key_mask[:, part.context_end:] = False
+        attention.hide_added_keys(key_mask, part.context_keys(kv_cache.width))
+        if inputs.key_positions is not None:
             fill(inputs.key_positions, part.key_positions, 0)
         key_mask[rows:] = False
-        key_mask[rows:, 0 if part.block_causal else -1] = True  # padding rows see one key, are dropped
-        x = self._layers(inputs, inputs.key_positions, kv_cache, True, part.block_size, "window")
+        key_mask[rows:, attention.first_column(1, context)] = True  # padding rows see one key, are dropped
+        x = self._layers(inputs, inputs.key_positions, kv_cache, True, attention, "window")
         return self._read(part, x.view(padded_rows, padded_length, -1)[:rows])
 
     def _layers(self, inputs: BucketInputs, key_positions: torch.Tensor | None, kv_cache: KVCache | None,
-                window: bool, block_size: int | None, kind: str) -> torch.Tensor:
+                window: bool, attention: PartAttention, kind: str) -> torch.Tensor:
         rows, length = inputs.tokens.shape
         self.shapes.add(self.shape_rule.graph(kind, rows, length, inputs.key_mask.shape[1]))
         kv = kv_cache.data if kv_cache is not None else None
@@ -240,7 +239,7 @@ class CompiledForward:
             torch.compiler.cudagraph_mark_step_begin()  # earlier outputs were copied out (see _read)
         self.shape_rule.mark(inputs.tensors())
         return self.forward(self.model, inputs.tokens, inputs.positions, inputs.key_mask, key_positions, kv,
-                            inputs.write_slots, inputs.write_columns, window, block_size)
+                            inputs.write_slots, inputs.write_columns, window, attention)
 
     def _read(self, part: RefreshPart | WindowPart, hidden: torch.Tensor) -> torch.Tensor:
         """The part's hidden states, as a tensor of its own (a captured graph's output is overwritten

@@ -36,7 +36,7 @@ class BucketInputs:
 
 @dataclass
 class StaticInputs:
-    """Every bucket's :class:`BucketInputs`, keyed by ``(kind, rows, length, keys, writes, block_causal)``."""
+    """Every bucket's :class:`BucketInputs`, keyed by ``(kind, rows, length, keys, writes, positional)``."""
 
     buckets: dict[tuple, BucketInputs]
 
@@ -49,14 +49,15 @@ class StaticInputs:
 
 
 def allocate(key: tuple, device: torch.device) -> BucketInputs:
-    """New input tensors of the shape ``key`` (``(kind, rows, length, keys, writes, block_causal)``). A
-    window's write slots are its rows' slots ``[0, rows)`` at every step: filled here, once."""
-    kind, rows, length, keys, writes, block_causal = key
+    """New input tensors of the shape ``key`` (``(kind, rows, length, keys, writes, positional)``):
+    ``positional`` when the part's mask reads its keys' positions (``PartAttention.mask_reads_positions``).
+    A window's write slots are its rows' slots ``[0, rows)`` at every step: filled here, once."""
+    kind, rows, length, keys, writes, positional = key
     long = {"dtype": torch.long, "device": device}
     inputs = BucketInputs(
         tokens=torch.zeros(rows, length, **long), positions=torch.zeros(rows, length, **long),
         key_mask=torch.zeros(rows, keys, dtype=torch.bool, device=device),
-        key_positions=torch.zeros(rows, keys, **long) if block_causal and kind == "window" else None,
+        key_positions=torch.zeros(rows, keys, **long) if positional and kind == "window" else None,
         write_slots=torch.zeros(rows, 1, **long) if writes else None,
         write_columns=torch.zeros(rows, length, **long) if writes else None)
     if writes and kind == "window":

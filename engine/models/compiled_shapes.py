@@ -72,26 +72,22 @@ class CompiledShapes:
             return rows, length, 0
         padded_rows = bucket(rows, row_cap(part, kv_cache))
         padded_length = bucket(length, kv_cache.width if part.slots is not None else 1 << 30, WIDTH_BUCKETS)
-        if part.block_causal:  # left-aligned rows: the box grows on the right
-            return padded_rows, padded_length, 0
-        grow = padded_length - length
+        grow = part.attention.first_column(length, padded_length)  # a right-aligned box grows on the left
         if part.slots is not None and part.first_column - grow < 0:
             grow = part.first_column
             padded_length = length + grow
         return padded_rows, padded_length, grow
 
     def window(self, part: WindowPart, kv_cache: KVCache) -> tuple[int, int, int]:
-        """Rows, length and context (cache columns read) a window part runs at. The context starts at
-        column 0 for a block-causal family, and ends at the cache's width for a full-attention one."""
+        """Rows, length and context (cache columns read) a window part runs at. Where the context sits in
+        the cache is the part's attention's (``PartAttention.context_columns``)."""
         rows, length = part.tokens.shape
-        context = part.context_end if part.block_causal else kv_cache.width - part.context_start
+        context = part.context_keys(kv_cache.width)
         if not self.static:
             return rows, length, context
         padded_rows = bucket(rows, kv_cache.data.shape[1])
-        if part.block_causal:  # a window of up to two blocks keeps its length
-            padded_length = length if length <= 2 * part.block_size else bucket(length, 1 << 30, WIDTH_BUCKETS)
-        else:  # a window of one block keeps its length
-            padded_length = length if length <= part.num_read + 1 else bucket(length, 1 << 30, WIDTH_BUCKETS)
+        steady = length <= part.attention.steady_window(part.num_read)
+        padded_length = length if steady else bucket(length, 1 << 30, WIDTH_BUCKETS)
         return padded_rows, padded_length, bucket(context, kv_cache.width, WIDTH_BUCKETS)
 
     def graph(self, kind: str, rows: int, length: int, keys: int) -> tuple:

@@ -49,7 +49,7 @@ class TransformerConfig:
     head_dim: int | None = None  # None: hidden_size // num_heads (SDAR and LLaDA2 give it explicitly)
     qk_norm: bool = False  # per-head RMSNorm of q and k (weights [head_dim]) before RoPE (SDAR, LLaDA2)
     rotary_dim: int | None = None  # RoPE rotates the first rotary_dim dims of a head; None: head_dim
-    attention: str = "bidirectional"  # or "block_causal" (SDAR, LLaDA2)
+    attention: str = "bidirectional"  # one of ATTENTION_KINDS (engine.models.layout)
     moe: MoEConfig | None = None
 
     def __post_init__(self):

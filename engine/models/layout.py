@@ -84,6 +84,25 @@ class RowLayout:
         """A finished block's keys and values are written once; else each block's first step refreshes them."""
         return self.block_causal
 
+    @property
+    def carries_cache_when_moved(self) -> bool:
+        """A row moved to another slot takes its keys and values along; else its next forward rewrites them."""
+        return self.stores_finished_blocks
+
+    def row_start(self, slot_width: int, row_width: int) -> int:
+        """The column of a row's first token in a slot of ``slot_width`` columns: 0 when left-aligned, else
+        the row ends at the slot's last column."""
+        return 0 if self.left_aligned else slot_width - row_width
+
+    def prefix_caching(self, config: EngineConfig) -> bool:
+        """Whether ``config`` caches prompt blocks: its own ``enable_prefix_caching``, else wherever that is exact."""
+        return self.caches_prefixes if config.enable_prefix_caching is None else config.enable_prefix_caching
+
+    def part_block_size(self, block_length: int) -> int | None:
+        """The ``block_size`` of its step parts (``engine.models.step_inputs``): attention over blocks of
+        ``block_length`` when block-causal, else None, bidirectional."""
+        return block_length if self.block_causal else None
+
     def untrained_block_warning(self, block_length: int) -> str:
         """What running ``block_length`` instead of the trained block changes, in this layout's words."""
         if self.decodes_canvases:

@@ -21,6 +21,7 @@ import torch
 
 from engine.models.kv_cache import KVCache
 from engine.models.layers import HALF_DTYPES, rotary_tables
+from engine.models.part_attention import PartAttention
 from engine.models.step_inputs import RefreshPart, WindowPart
 
 
@@ -37,8 +38,9 @@ class PartPlan:
     row_keys: tuple[int, ...] = ()  # host: row i's keys are the last row_keys[i] (batch-invariant mode)
     context_rows: tuple[int, ...] = ()  # host: row i's place in the context (window) or the part (refresh)
     token_spans: tuple[tuple[int, int], ...] = ()  # host: (first packed token, count) of each row's real tokens
-    left_aligned: bool = False  # rows' keys and queries from the left (block-causal), else from the right
-    row_queries: tuple[int, ...] = ()  # host: row i's real queries (left-aligned windows); (): all of them
+    attention: PartAttention | None = None  # where rows' keys and queries sit in the box (None: a compiled
+    # layer's plan, which never attends row by row)
+    row_queries: tuple[int, ...] = ()  # host: row i's first queries that attend (attention.row_queries); (): all
     packed_index: torch.Tensor | None = None  # [tokens] box position (row * length + column) of each packed
     # token, row after row; None: the part's tokens are its whole box
 
@@ -73,32 +75,6 @@ class StepPlan:
     @property
     def token_spans(self) -> tuple[tuple[int, int], ...]:
         return tuple(span for part in self.parts for span in part.token_spans)
-
-
-def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool -> 0 where True, -inf where False, in ``dtype`` (one pass: a third of ``to`` then ``log_``)."""
-    mask = torch.where(allowed, 0.0, float("-inf"))
-    return mask if mask.dtype == dtype else mask.to(dtype)
-
-
-def additive_mask(key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool ``[rows, keys]`` -> ``[rows, 1, 1, keys]`` of 0 and -inf, in ``dtype``."""
-    return additive(key_mask, dtype)[:, None, None, :]
-
-
-def block_causal_mask(key_mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor,
-                      block_size: int, dtype: torch.dtype, blind_queries: bool = True) -> torch.Tensor:
-    """``[rows, 1, queries, keys]`` additive: a real key of the query's block or an earlier one.
-
-    With ``blind_queries``, a query that sees no key (a pad query left of a row, a padded row) gets its
-    row's real keys instead, so its softmax stays finite; its output is never read.
-    """
-    query_blocks = torch.div(query_positions, block_size, rounding_mode="floor")[:, :, None]
-    key_blocks = torch.div(key_positions, block_size, rounding_mode="floor")[:, None, :]
-    allowed = key_mask[:, None, :] & (key_blocks <= query_blocks)
-    if blind_queries:
-        allowed |= ~allowed.any(-1, keepdim=True) & key_mask[:, None, :]
-    return additive(allowed, dtype)[:, None]
 
 
 def plan_step(refresh: RefreshPart | None, window: WindowPart | None, kv_cache: KVCache | None,
@@ -141,16 +117,12 @@ def _refresh_plan(part: RefreshPart, dtype: torch.dtype) -> PartPlan:
         columns = torch.arange(part.first_column, part.first_column + length, device=part.tokens.device)
         write_index = (part.slots[:, None], slice(None), slice(None), columns[None])
     row_keys = part.row_widths or (length,) * rows
-    if not part.block_causal:  # rows right-aligned in the box
-        spans = [(row * length + length - keys, keys) for row, keys in enumerate(row_keys)]
-        mask = additive_mask(part.key_mask, dtype)
-    else:  # block-causal rows sit left-aligned (engine.runner.batch)
-        spans = [(row * length, keys) for row, keys in enumerate(row_keys)]
-        mask = block_causal_mask(part.key_mask, part.positions, part.positions, part.block_size, dtype)
+    attention = part.attention
+    spans = [(row * length + attention.first_column(keys, length), keys) for row, keys in enumerate(row_keys)]
+    mask = attention.mask(part.key_mask, part.positions, part.positions, dtype)
     packed_index, token_spans = _pack(spans, rows, length, 0, part.tokens.device)
     return PartPlan(rows, length, 0, mask, write_index, None, row_keys, tuple(range(rows)), token_spans,
-                    left_aligned=part.block_causal, row_queries=row_keys if part.block_causal else (),
-                    packed_index=packed_index)
+                    attention=attention, row_queries=attention.row_queries(row_keys), packed_index=packed_index)
 
 
 def _window_plan(part: WindowPart, kv_cache: KVCache, dtype: torch.dtype, offset: int) -> PartPlan:
@@ -159,17 +131,15 @@ def _window_plan(part: WindowPart, kv_cache: KVCache, dtype: torch.dtype, offset
     context = kv_cache.data[:, :rows, :, :, start:end].unbind(0)
     key_mask = kv_cache.key_mask[:rows, start:end]
     # Every window query sees its row's first key: column 0 holds a prompt token at position 0, in block 0.
-    mask = (additive_mask(key_mask, dtype) if not part.block_causal else
-            block_causal_mask(key_mask, part.positions, part.key_positions, part.block_size, dtype,
-                              blind_queries=False))
+    attention = part.attention
+    mask = attention.mask(key_mask, part.positions, part.key_positions, dtype, blind_queries=False)
     slots = torch.arange(rows, device=part.tokens.device)
     write_index = (slots[:, None], slice(None), slice(None), part.columns)
     row_keys = part.row_widths or (end - start,) * rows
     spans = [(row * length, tokens) for row, tokens in enumerate(part.row_tokens or (length,) * rows)]
     packed_index, token_spans = _pack(spans, rows, length, offset, part.tokens.device)
-    left_aligned = part.block_causal
     return PartPlan(rows, length, offset, mask, write_index, context, row_keys, tuple(range(rows)), token_spans,
-                    left_aligned=left_aligned, row_queries=part.row_tokens if left_aligned else (),
+                    attention=attention, row_queries=attention.row_queries(part.row_tokens),
                     packed_index=packed_index)
 
 

@@ -1,15 +1,17 @@
 """What one packed forward is given besides the KV cache (``engine.models.kv_cache``): a step's two parts.
 
 The transformer (``engine.models.transformer``) computes them; ``engine.runner.batch_inputs`` builds them.
-A part with ``block_size`` set attends block-causally: a query at position p sees the keys at positions
-``< (p // block_size + 1) * block_size`` (its own block and every block before it), as the block-causal
-families (SDAR, LLaDA2) were trained; with ``block_size`` None attention is bidirectional.
+A part's ``block_size`` names its attention: over blocks of that many positions (SDAR, LLaDA2), or with
+None bidirectional. Its :attr:`~AttendedPart.attention` object (``engine.models.part_attention``) says
+what that means for its rows, mask and cache reads.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from engine.models.part_attention import PartAttention, part_attention
 
 # A window's attention reads a multiple of this many keys. On this CPU, flash attention over 106 keys
 # takes about 1.6x the time of 112 keys (head sizes 8, 64 and 128, float32 and bf16 alike).
@@ -21,19 +23,19 @@ def aligned_keys(keys: int, most: int) -> int:
     return min(-(-keys // KEY_ALIGNMENT) * KEY_ALIGNMENT, most)
 
 
-class BlockAttention:
-    """What a part's ``block_size`` says: attention over blocks of that many positions, rows left-aligned."""
+class AttendedPart:
+    """A part whose ``block_size`` names its attention."""
 
     block_size: int | None
 
     @property
-    def block_causal(self) -> bool:
-        """Block-causal attention; the part's rows sit from the box's first column (else from its last)."""
-        return self.block_size is not None
+    def attention(self) -> PartAttention:
+        """How the part is attended: its rows' columns in the box, its mask, the cache columns it reads."""
+        return part_attention(self.block_size)
 
 
 @dataclass
-class RefreshPart(BlockAttention):
+class RefreshPart(AttendedPart):
     """Whole rows ``[rows, w]``: a block's first step, which also (re)builds the rows' cache.
 
     With ``slots`` set, each row's keys/values are written to cache columns
@@ -46,8 +48,8 @@ class RefreshPart(BlockAttention):
     read_columns: torch.Tensor  # [rows, n] columns whose hidden states are returned
     slots: torch.Tensor | None = None
     first_column: int = 0
-    row_widths: tuple[int, ...] = ()  # host: each row's real tokens, right-aligned in the box (left-aligned
-    # when block_size is set: block-causal rows sit from column 0) (): all fill it
+    row_widths: tuple[int, ...] = ()  # host: each row's real tokens, where attention.first_column puts
+    # them in the box (): all fill it
     block_size: int | None = None  # block-causal attention over blocks of this many positions
 
     @property
@@ -56,7 +58,7 @@ class RefreshPart(BlockAttention):
 
 
 @dataclass
-class WindowPart(BlockAttention):
+class WindowPart(AttendedPart):
     """A window of columns per row ``[rows, n]`` against the rows' cached keys/values.
 
     Row i holds cache slot i: the window rows are packed into slots ``[0, rows)``, in order. Its own
@@ -79,8 +81,8 @@ class WindowPart(BlockAttention):
     context_start: int
     num_read: int
     read_shift: int = 0
-    row_widths: tuple[int, ...] = ()  # host: each row's keys, the last columns of the context (the first
-    # when block_size is set) (): all of it
+    row_widths: tuple[int, ...] = ()  # host: each row's keys, where attention.first_column puts them in
+    # the context (): all of it
     row_tokens: tuple[int, ...] = ()  # host: each row's real window tokens, from the left (): all of them
     read_columns: torch.Tensor | None = None  # [rows, num_read] window positions to return
     block_size: int | None = None  # block-causal attention over blocks of this many positions
@@ -90,3 +92,7 @@ class WindowPart(BlockAttention):
     @property
     def num_rows(self) -> int:
         return self.tokens.shape[0]
+
+    def context_keys(self, width: int) -> int:
+        """How many cache columns the window reads, of a cache ``width`` columns wide."""
+        return (self.context_end or width) - self.context_start

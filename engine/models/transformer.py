@@ -104,10 +104,10 @@ class Attention(nn.Module):
             raise ValueError("batch-invariant attention needs each row's place in the context (PartPlan.context_rows)")
         out = q.new_zeros(part.rows, part.length, self.num_heads * self.head_dim)
         for row, (place, num_keys) in enumerate(zip(part.context_rows, part.row_keys)):
-            own_keys = slice(0, num_keys) if part.left_aligned else slice(part.mask.shape[-1] - num_keys, None)
+            own_keys = part.attention.own_columns(num_keys, part.mask.shape[-1])
             if part.context is None:  # refresh: the row's own tokens are its queries and its keys
                 keys, values = new_kv[row:row + 1, own_keys].transpose(1, 3).unbind(2)
-                own_queries = slice(0, num_keys) if part.left_aligned else slice(part.length - num_keys, None)
+                own_queries = part.attention.own_columns(num_keys, part.length)
             else:
                 keys, values = part.context[layer][place:place + 1, :, :, own_keys].unbind(1)
                 own_queries = slice(0, part.row_queries[row]) if part.row_queries else slice(None)

@@ -23,6 +23,7 @@ from engine.config import EngineConfig
 from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
+from engine.models.part_attention import part_attention
 from engine.rules.proposals import NOISE_CHUNK_ELEMENTS
 from engine.scheduling.model_fit import block_length_for
 
@@ -67,25 +68,27 @@ def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
 
 
 def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
-    if lm.layout.decodes_canvases:
-        return canvas_memory_model(lm, config)
+    """The memory model of the runner ``lm``'s rows step on (``RowLayout.runner``)."""
+    return MEMORY_MODELS[lm.layout.runner](lm, config)
+
+
+def block_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
+    """The block runner: the KV cache and the prefix cache's pool of blocks; a step holds its rows'
+    activations, masks and the active blocks' logits."""
     model_config, dtype = lm.model.config, lm.dtype
     slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
     columns = slots * (width + 1)
     kv_bytes = KVCache.bytes_per_slot_column(model_config, dtype) * columns if config.cache != "none" else columns
     element = torch.empty((), dtype=dtype).element_size()
     block_length = block_length_for(config, lm)
-    caches_prefixes = lm.layout.caches_prefixes if config.enable_prefix_caching is None \
-        else config.enable_prefix_caching
-    if caches_prefixes and config.cache != "none":  # the prefix cache's pool of whole blocks
+    if lm.layout.prefix_caching(config) and config.cache != "none":  # the prefix cache's pool of whole blocks
         pool_tokens = config.prefix_cache_tokens if config.prefix_cache_tokens is not None else width
         key_value_bytes = KVCache.bytes_per_slot_column(model_config, dtype) - 1  # no key-mask flag in the pool
         kv_bytes += key_value_bytes * (pool_tokens // block_length * block_length)
     arena_bytes = kv_bytes + 2 * INDEX_BYTES * slots * width
     hidden, intermediate = model_config.hidden_size, model_config.intermediate_size
     per_token = 6 * hidden + 3 * intermediate + model_config.num_heads * width
-    if lm.layout.block_causal:  # one mask row of every query: [rows, 1, queries, keys]
-        per_token += width
+    per_token += part_attention(lm.layout.part_block_size(block_length)).mask_entries_per_query(width)
     if model_config.moe is not None:  # each routed copy of a token: gate/up, its product, its output
         moe = model_config.moe
         per_token += moe.experts_per_token * (3 * moe.moe_intermediate_size + 2 * hidden)
@@ -97,6 +100,9 @@ def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
         logit_bytes_per_row=(element + 8) * block_length * model_config.vocab_size,
         sampling_bytes_per_row=2 * 4 * block_length * model_config.vocab_size,
         sampling_scratch_bytes=3 * INDEX_BYTES * NOISE_CHUNK_ELEMENTS)
+
+
+MEMORY_MODELS = {"blocks": block_memory_model, "canvas": canvas_memory_model}  # by RowLayout.runner
 
 
 def gib(num_bytes: int) -> str:
