@@ -32,6 +32,11 @@ EXPERIMENTS: dict[str, Experiment] = {
                                 ScaleArgs(("--layers", "2", "--requests", "4", "--rounds", "1"), ("--rounds", "1"),
                                           ()), None, False,
                                 "windows reading a multiple of 16 keys vs their exact box, eager and compiled"),
+    "editing": Experiment("research.editing",
+                          ScaleArgs(("--layers", "3", "--requests", "4", "--batch", "4", "--rounds", "1"),
+                                    ("--rounds", "1"), ()), None, False,
+                          "LLaDA2.1's token editing (S, Q) against LLaDA2.0's rule on the LLaDA2 fixture: "
+                          "tokens per forward, step cost, tok/s"),
     "prefix-cache": Experiment("research.prefix_cache", SCALE_FLAG, OUT_DIR, False,
                                "prefix caching on vs off: a shared instruction and a chat replay, SDAR and LLaDA2"),
     "gpu-checks": Experiment("research.gpu_checks", ScaleArgs(("--smoke",)), OutArg(required=True), False,

@@ -114,3 +114,15 @@ def test_gpu_checks_smoke_runs_prefix_caching_and_the_compiled_step_and_refuses_
     assert compiled["cuda_graphs_captured"] == compiled["cuda_graph_replays"] == 0  # none on a CPU
     with pytest.raises(SystemExit):
         gpu_checks.main(["--smoke", "--stages", "compiled,warp-drive", "--out", str(tmp_path)])
+
+
+def test_editing_compares_llada21s_modes_with_llada20s_rule_on_one_workload():
+    from research import editing
+
+    result = editing.main(["--layers", "3", "--requests", "4", "--batch", "4", "--rounds", "2"])[0]
+    modes = result["modes"]
+    assert list(modes) == ["LLaDA2.0", "S", "Q"] and all(row["same_tokens_every_round"] for row in modes.values())
+    assert modes["LLaDA2.0"]["edits"] == modes["LLaDA2.0"]["post_mask_share"] == 0
+    assert all(modes[name]["edits"] > 0 and modes[name]["post_mask_share"] > 0 for name in ("S", "Q"))
+    assert modes["LLaDA2.0"]["step_ms_ratio"] == modes["LLaDA2.0"]["tokens_per_s_ratio"] == 1.0
+    assert all(row["window_steps"] > 0 and row["tokens_per_s"] > 0 for row in modes.values())
