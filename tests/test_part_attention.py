@@ -13,7 +13,8 @@ from engine.models.step_inputs import RefreshPart
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKING_MODULES = ("models/compiled.py", "models/compiled_inputs.py", "models/compiled_shapes.py",
-                   "models/packed_step.py", "models/step_inputs.py", "models/transformer.py", "runner/memory.py")
+                   "models/packed_step.py", "models/step_inputs.py", "models/transformer.py", "runner/memory.py",
+                   "runner/batch.py", "models/loader.py", "scheduling/model_fit.py", "engine.py")
 KIND_TEST = re.compile(r"block_causal|left_aligned|block_size is not None|decodes_canvases|stores_finished_blocks"
                        r"|caches_prefixes")
 

@@ -134,6 +134,6 @@ def test_the_decoding_setting_is_named_or_rejected():
     from tinylm.evaluate import decode_rule
 
     assert decode_rule("threshold:0.7").threshold == 0.7
-    assert (decode_rule("quota").kind, decode_rule("quota").steps_per_block) == ("quota", 8)
+    assert (decode_rule("quota").name, decode_rule("quota").steps_per_block) == ("quota", 8)
     with pytest.raises(ValueError, match="threshold:<value>' or 'quota'"):
         decode_rule("greedy")

@@ -185,7 +185,7 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
                                     read_json(directory / "tokenizer_config.json"))
     return DiffusionLM(name=str(model), family=family.name, model=transformer, tokenizer=tokenizer,
                        special_ids=special_ids, layout=layout, max_length=transformer_config.max_position_embeddings,
-                       canvas_defaults=canvas_defaults(generation_config) if layout.decodes_canvases else {},
+                       canvas_defaults=canvas_defaults(generation_config),
                        image_token_ids=family.image_tokens(config) if family.image_tokens else ())
 
 

@@ -14,7 +14,7 @@ The runner never compares tokens with the mask id: what is "done" is the rule's 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -129,7 +129,6 @@ class RowState:
 
     offsets: list[int] | None = None  # offsets of its active block that need logits (None: untouched)
     post_mask_forwards: int = 0  # forwards of its active block after the block held no mask
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class BlockRule(DecodingRule):

@@ -75,7 +75,7 @@ class JointThreshold(BlockRule):
 
     @classmethod
     def refusal(cls, layout: Any) -> str | None:
-        if layout.attention != "block_causal":
+        if layout.attention not in cls.attentions:
             return (f"EngineConfig.decoding: 'joint_threshold' (LLaDA2.1's token editing) rewrites tokens of the "
                     f"current block and freezes finished ones, which needs block-causal attention; {layout.family} "
                     f"attends {layout.attention}" + cls._alternatives(layout))

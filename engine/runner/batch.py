@@ -77,7 +77,7 @@ class PersistentBatch:
     # -- rows --------------------------------------------------------------------------------------
     def row_start(self, request: Request) -> int:
         """Batch column of the request's first prompt token."""
-        return 0 if self.layout.left_aligned else self.width - request.width
+        return self.layout.row_start(self.width, request.width)
 
     def block_start(self, request: Request) -> int:
         """Batch column of the first token of the request's current block."""
@@ -124,7 +124,7 @@ class PersistentBatch:
             holder = self._owners.get(hole)
             if holder is not None:
                 holder_row = self._row(hole)
-                holder_cache = self.kv_cache.data[:, hole].clone() if self.layout.stores_finished_blocks else None
+                holder_cache = self.kv_cache.data[:, hole].clone() if self.layout.carries_cache_when_moved else None
                 self._write_row(hole, self._row(vacated), cache_from=vacated)
                 self._write_row(vacated, holder_row)
                 if holder_cache is not None:

@@ -50,8 +50,12 @@ class StepParts(Protocol):
         """A row's real columns in the box its part computes."""
 
 
+STEP_PARTS: dict[str, type] = {"bidirectional": FullAttentionParts, "block_causal": BlockCausalParts}
+
+
 def step_parts(layout: RowLayout) -> StepParts:
-    return BlockCausalParts() if layout.stores_finished_blocks else FullAttentionParts()
+    """The parts of a block runner's step, by the layout's attention kind."""
+    return STEP_PARTS[layout.attention]()
 
 
 @dataclass

@@ -32,7 +32,7 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
         raise ValueError(refusal)
     trained = lm.layout.trained_block
     if config.enable_prefix_caching is None:
-        config = dataclasses.replace(config, enable_prefix_caching=lm.layout.caches_prefixes)
+        config = dataclasses.replace(config, enable_prefix_caching=lm.layout.prefix_caching(config))
     config = rule.settle(config, lm.canvas_defaults)
     if config.block_length is None:
         return dataclasses.replace(config, block_length=lm.layout.default_block())
