@@ -10,11 +10,13 @@ its 32-layer copy (same family and shapes, random layers), blocks of 32, float32
 
 Each round runs the three on the same requests, each on a fresh engine, in an order that rotates from
 round to round; a mode's ratios to LLaDA2.0 are taken within a round and reported as their median over
-rounds. Tokens per forward is output tokens over row forwards (``EngineStats.tokens_per_forward``): on a
+rounds. Stop tokens get a -100 logit bias, so every answer is its whole cap whatever a random model
+writes. Tokens per forward is output tokens over row forwards (``EngineStats.tokens_per_forward``): on a
 random fixture it says how this fixture's logits drive the rule, nothing about a trained model's. The step
 cost is the median wall time of the window steps that ran a full batch (``--batch`` rows continuing their
 blocks on the cache, no row starting one): the same forward under every rule, but for the logits it reads
-(every position of the block past the prompt for editing, the masks for LLaDA2.0) and the rule itself.
+(every position of the block past the prompt for editing, the masks for LLaDA2.0) and the rule itself, and
+for the keys its windows read (each rule's rows are at other columns at a given step: the median is shown).
 
     python -m research editing                      # 32 requests, batch 16, 3 rounds, 3 and 32 layers
     python -m research editing --layers 32 --rounds 5
@@ -22,6 +24,7 @@ blocks on the cache, no row starting one): the same forward under every rule, bu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -44,20 +47,21 @@ def run_mode(lm, mode: str, prompts, params, batch: int) -> dict:
     """One run of the workload under ``mode`` on a fresh engine: its counts, step times and tokens."""
     engine = BlockServeEngine(lm, EngineConfig(block_length=BLOCK, max_batch_size=batch, **MODES[mode]))
     ids = [engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
-    outputs, window_steps = {}, []  # (seconds, logit positions) of each window step of a full batch
+    outputs, window_steps = {}, []  # (seconds, logit positions, keys) of each window step of a full batch
     started = time.perf_counter()
     while engine.has_unfinished_requests():
         before = time.perf_counter()
         report = engine.step()
         seconds, record = time.perf_counter() - before, engine.stats_collector.trace[-1]
         if report.num_rows == batch and record.kind == "window":
-            window_steps.append((seconds, record.logit_positions))
+            window_steps.append((seconds, record.logit_positions, record.window_context))
         outputs |= {output.request_id: output.token_ids for output in report.finished}
     wall_s = time.perf_counter() - started
     stats = engine.stats()
-    return {"tokens": [outputs[i] for i in ids], "wall_s": wall_s,
-            "step_ms": median(seconds for seconds, _ in window_steps) * 1e3, "window_steps": len(window_steps),
-            "logit_positions": median(positions for _, positions in window_steps), "steps": stats.denoise_steps,
+    seconds, positions, keys = zip(*window_steps) if window_steps else ((float("nan"),),) * 3
+    return {"tokens": [outputs[i] for i in ids], "wall_s": wall_s, "step_ms": median(seconds) * 1e3,
+            "window_steps": len(window_steps), "logit_positions": median(positions), "keys": median(keys),
+            "steps": stats.denoise_steps,
             "row_forwards": stats.row_forwards, "post_mask_forwards": stats.post_mask_forwards, "edits": stats.edits,
             "generated_tokens": stats.generated_tokens, "tokens_per_forward": stats.tokens_per_forward,
             "tokens_per_s": stats.generated_tokens / wall_s}
@@ -67,6 +71,8 @@ def compare(lm, layers: int, requests: int, batch: int, rounds: int) -> dict:
     """Every mode ``rounds`` times, interleaved; per mode its figures (medians over rounds) and its ratios
     to LLaDA2.0 (the median of each round's ratio)."""
     prompts, params = mixed_prompts(lm, requests)
+    never_stop = {stop: -100.0 for stop in lm.special_ids.stop_ids}  # every answer is its whole cap
+    params = [dataclasses.replace(p, logit_bias=never_stop) for p in params]
     names = list(MODES)
     runs = {name: [] for name in names}
     for round_index in range(rounds):
@@ -80,7 +86,7 @@ def compare(lm, layers: int, requests: int, batch: int, rounds: int) -> dict:
             "tokens_per_forward": round(first["tokens_per_forward"], 3),
             "post_mask_share": round(first["post_mask_forwards"] / first["row_forwards"], 3),
             "edits": first["edits"], "steps": first["steps"], "window_steps": first["window_steps"],
-            "logit_positions": first["logit_positions"],
+            "logit_positions": first["logit_positions"], "keys": first["keys"],
             "rows_per_step": round(first["row_forwards"] / first["steps"], 2),
             "step_ms": round(median(run["step_ms"] for run in runs[name]), 2),
             "tokens_per_s": round(median(run["tokens_per_s"] for run in runs[name]), 1),
@@ -96,13 +102,13 @@ def compare(lm, layers: int, requests: int, batch: int, rounds: int) -> dict:
 
 def markdown(results: list[dict]) -> str:
     lines = ["| layers | mode | tokens / forward | post-mask forwards | edits | steps | rows / step | full window "
-             "steps | their logit positions | ms a full window step | tok/s | step ms / LLaDA2.0 | tok/s / LLaDA2.0 |",
-             "|" + "---|" * 13]
+             "steps | their logit positions, keys | ms a full window step | tok/s | step ms / LLaDA2.0 "
+             "| tok/s / LLaDA2.0 |", "|" + "---|" * 13]
     for result in results:
         for name, row in result["modes"].items():
             lines.append(f"| {result['layers']} | {name} | {row['tokens_per_forward']:.2f} | "
                          f"{row['post_mask_share']:.0%} | {row['edits']} | {row['steps']} | {row['rows_per_step']} | "
-                         f"{row['window_steps']} | {row['logit_positions']} | "
+                         f"{row['window_steps']} | {row['logit_positions']}, {row['keys']} | "
                          f"{row['step_ms']:.2f} | {row['tokens_per_s']:.1f} | {row['step_ms_ratio']:.3f} | "
                          f"{row['tokens_per_s_ratio']:.3f} |")
     return "\n".join(lines)
