@@ -90,12 +90,14 @@ def compare(lm, layers: int, requests: int, batch: int, rounds: int) -> dict:
             "rows_per_step": round(first["row_forwards"] / first["steps"], 2),
             "step_ms": round(median(run["step_ms"] for run in runs[name]), 2),
             "tokens_per_s": round(median(run["tokens_per_s"] for run in runs[name]), 1),
-            "step_ms_ratio": round(median(r["step_ms"] / b["step_ms"] for r, b in zip(runs[name], base)), 3),
-            "tokens_per_s_ratio": round(median(r["tokens_per_s"] / b["tokens_per_s"]
-                                               for r, b in zip(runs[name], base)), 3),
+            "step_ms_ratios": [round(r["step_ms"] / b["step_ms"], 3) for r, b in zip(runs[name], base)],
+            "tokens_per_s_ratios": [round(r["tokens_per_s"] / b["tokens_per_s"], 3) for r, b in zip(runs[name], base)],
             "tokens_per_forward_ratio": round(first["tokens_per_forward"] / base[0]["tokens_per_forward"], 3),
             "same_tokens_every_round": all(run["tokens"] == first["tokens"] for run in runs[name]),
         }
+    for row in table.values():  # the median of the rounds' ratios
+        row["step_ms_ratio"], row["tokens_per_s_ratio"] = (median(row[key]) for key in (
+            "step_ms_ratios", "tokens_per_s_ratios"))
     return {"layers": layers, "requests": requests, "batch": batch, "rounds": rounds,
             "output_tokens": runs[BASELINE][0]["generated_tokens"], "modes": table}
 
