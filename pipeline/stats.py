@@ -31,6 +31,7 @@ def summarize(snapshots: list[dict], wall_s: float | None = None) -> dict:
     generated = sum(s["engine"]["generated_tokens"] for s in snapshots)
     prompt = sum(s["engine"].get("prompt_tokens", 0) for s in snapshots)
     cached = sum(s["engine"].get("cached_prompt_tokens", 0) for s in snapshots)
+    row_forwards = sum(s["engine"].get("row_forwards", 0) for s in snapshots)
     busy = sum(s["busy_s"] for s in snapshots)
     active = sum(s["active_s"] for s in snapshots) if wall_s is None else wall_s
     utilizations = [s["gpu_utilization"] for s in snapshots if s["gpu_utilization"] is not None]
@@ -48,6 +49,10 @@ def summarize(snapshots: list[dict], wall_s: float | None = None) -> dict:
         "busy_fraction": min(busy / active, 1.0) if active and wall_s is None else None,
         "idle_between_batches_s": sum(s.get("idle_s", 0.0) for s in snapshots),
         "denoise_steps": sum(s["engine"]["denoise_steps"] for s in snapshots),
+        "row_forwards": row_forwards,
+        "tokens_per_forward": generated / row_forwards if row_forwards else 0.0,
+        "edits": sum(s["engine"].get("edits", 0) for s in snapshots),
+        "post_mask_forwards": sum(s["engine"].get("post_mask_forwards", 0) for s in snapshots),
         "effective_compute_ratio": _weighted(snapshots, "effective_compute_ratio", "denoise_steps"),
         "useful_row_fraction": _weighted(snapshots, "useful_row_fraction", "denoise_steps"),
         "padding_fraction": _weighted(snapshots, "padding_fraction", "denoise_steps"),
@@ -202,6 +207,10 @@ def format_table(stats: dict) -> str:
     if totals["cached_prompt_tokens"]:
         out.append(f"prefix cache: {totals['cached_prompt_tokens']} of {totals['prompt_tokens']} prompt tokens "
                    f"read from it ({_pct(totals['prefix_cache_hit_rate'])})")
+    if totals.get("row_forwards"):
+        edited = (f"; {totals['edits']} tokens rewritten by editing, {totals['post_mask_forwards']} post-mask "
+                  "forwards" if totals["edits"] or totals["post_mask_forwards"] else "")
+        out.append(f"decoding: {totals['tokens_per_forward']:.2f} tokens per row forward{edited}")
     out += describe_deaths(stats.get("actor_deaths", []))
     out += describe_isolation(stats.get("batch_isolation", {}))
     out += describe_compilation(stats["per_actor"])
