@@ -8,15 +8,17 @@ its 32-layer copy (same family and shapes, random layers), blocks of 32, float32
   model card's speed mode, ``configs/llada2.1-mini.yaml``);
 * ``Q``: ``joint_threshold``, 0.7 / 0.5 / 16 (its quality mode).
 
-Each round runs the three on the same requests, each on a fresh engine, in an order that rotates from
-round to round; a mode's ratios to LLaDA2.0 are taken within a round and reported as their median over
-rounds. Stop tokens get a -100 logit bias, so every answer is its whole cap whatever a random model
-writes. Tokens per forward is output tokens over row forwards (``EngineStats.tokens_per_forward``): on a
-random fixture it says how this fixture's logits drive the rule, nothing about a trained model's. The step
-cost is the median wall time of the window steps that ran a full batch (``--batch`` rows continuing their
-blocks on the cache, no row starting one): the same forward under every rule, but for the logits it reads
-(every position of the block past the prompt for editing, the masks for LLaDA2.0) and the rule itself, and
-for the keys its windows read (each rule's rows are at other columns at a given step: the median is shown).
+Each round runs the three on the same requests on fresh engines in lockstep, one step of each in turn, in
+an order that rotates from round to round; a mode's ratios to LLaDA2.0 are taken within a round and
+reported as their median over rounds (the JSON lists every round's). Tokens per second is a mode's output
+tokens over its own steps' time. Stop tokens get a -100 logit bias, so every answer is its whole cap
+whatever a random model writes. Tokens per forward is output tokens over row forwards
+(``EngineStats.tokens_per_forward``): on a random fixture it says how this fixture's logits drive the rule,
+nothing about a trained model's. The step cost is the median wall time of the window steps that ran a full
+batch (``--batch`` rows continuing their blocks on the cache, no row starting one): the same forward under
+every rule, but for the logits it reads (every position of the block past the prompt for editing, the
+masks for LLaDA2.0) and the rule itself, and for the keys its windows read (each rule's rows are at other
+columns at a given step: the median is shown).
 
     python -m research editing                      # 32 requests, batch 16, 3 rounds, 3 and 32 layers
     python -m research editing --layers 32 --rounds 5
@@ -43,28 +45,45 @@ MODES = {  # name -> EngineConfig settings
 BASELINE = "LLaDA2.0"
 
 
-def run_mode(lm, mode: str, prompts, params, batch: int) -> dict:
-    """One run of the workload under ``mode`` on a fresh engine: its counts, step times and tokens."""
-    engine = BlockServeEngine(lm, EngineConfig(block_length=BLOCK, max_batch_size=batch, **MODES[mode]))
-    ids = [engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
-    outputs, window_steps = {}, []  # (seconds, logit positions, keys) of each window step of a full batch
-    started = time.perf_counter()
-    while engine.has_unfinished_requests():
+class ModeRun:
+    """One mode's engine on the workload, stepped from outside; what its steps cost and counted."""
+
+    def __init__(self, lm, mode: str, prompts, params, batch: int):
+        self.engine = BlockServeEngine(lm, EngineConfig(block_length=BLOCK, max_batch_size=batch, **MODES[mode]))
+        self.ids = [self.engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
+        self.batch, self.busy_s, self.outputs = batch, 0.0, {}
+        self.window_steps = []  # (seconds, logit positions, keys) of each window step of a full batch
+
+    def step(self) -> None:
         before = time.perf_counter()
-        report = engine.step()
-        seconds, record = time.perf_counter() - before, engine.stats_collector.trace[-1]
-        if report.num_rows == batch and record.kind == "window":
-            window_steps.append((seconds, record.logit_positions, record.window_context))
-        outputs |= {output.request_id: output.token_ids for output in report.finished}
-    wall_s = time.perf_counter() - started
-    stats = engine.stats()
-    seconds, positions, keys = zip(*window_steps) if window_steps else ((float("nan"),),) * 3
-    return {"tokens": [outputs[i] for i in ids], "wall_s": wall_s, "step_ms": median(seconds) * 1e3,
-            "window_steps": len(window_steps), "logit_positions": median(positions), "keys": median(keys),
-            "steps": stats.denoise_steps,
-            "row_forwards": stats.row_forwards, "post_mask_forwards": stats.post_mask_forwards, "edits": stats.edits,
-            "generated_tokens": stats.generated_tokens, "tokens_per_forward": stats.tokens_per_forward,
-            "tokens_per_s": stats.generated_tokens / wall_s}
+        report = self.engine.step()
+        seconds, record = time.perf_counter() - before, self.engine.stats_collector.trace[-1]
+        self.busy_s += seconds
+        if report.num_rows == self.batch and record.kind == "window":
+            self.window_steps.append((seconds, record.logit_positions, record.window_context))
+        self.outputs |= {output.request_id: output.token_ids for output in report.finished}
+
+    def summary(self) -> dict:
+        stats = self.engine.stats()
+        seconds, positions, keys = zip(*self.window_steps) if self.window_steps else ((float("nan"),),) * 3
+        return {"tokens": [self.outputs[i] for i in self.ids], "step_ms": median(seconds) * 1e3,
+                "window_steps": len(self.window_steps), "logit_positions": median(positions), "keys": median(keys),
+                "steps": stats.denoise_steps, "row_forwards": stats.row_forwards,
+                "post_mask_forwards": stats.post_mask_forwards, "edits": stats.edits,
+                "generated_tokens": stats.generated_tokens, "tokens_per_forward": stats.tokens_per_forward,
+                "tokens_per_s": stats.generated_tokens / self.busy_s}
+
+
+def lockstep_round(lm, order: list[str], prompts, params, batch: int) -> dict[str, dict]:
+    """The modes' engines on one workload, one step each in turn (``order``) until all are done: a change
+    in the machine's load falls on every mode that is still running. Tokens per second is over each
+    engine's own step time."""
+    runs = {mode: ModeRun(lm, mode, prompts, params, batch) for mode in order}
+    while any(run.engine.has_unfinished_requests() for run in runs.values()):
+        for run in runs.values():
+            if run.engine.has_unfinished_requests():
+                run.step()
+    return {mode: run.summary() for mode, run in runs.items()}
 
 
 def compare(lm, layers: int, requests: int, batch: int, rounds: int) -> dict:
@@ -77,8 +96,8 @@ def compare(lm, layers: int, requests: int, batch: int, rounds: int) -> dict:
     runs = {name: [] for name in names}
     for round_index in range(rounds):
         order = names[round_index % len(names):] + names[:round_index % len(names)]
-        for name in order:
-            runs[name].append(run_mode(lm, name, prompts, params, batch))
+        for name, run in lockstep_round(lm, order, prompts, params, batch).items():
+            runs[name].append(run)
     table = {}
     for name in names:
         first, base = runs[name][0], runs[BASELINE]
