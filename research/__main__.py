@@ -20,6 +20,11 @@ EXPERIMENTS: dict[str, Experiment] = {
                                "loop, H200 projected"),
     "diffusion-gemma": Experiment("research.diffusion_gemma", SCALE_FLAG, OUT_DIR, False,
                                   "DiffusionGemma vs transformers' generate at batch 1 and 16 (CPU), H200 projection"),
+    "canvas-memory": Experiment("research.canvas_memory",
+                                ScaleArgs(("--rows", "1,2", "--vocab", "4096", "--canvas", "64"), ("--rows", "2,8"),
+                                          ("--rows", "2,8,32")), OUT_DIR, False,
+                                "peak memory of a DiffusionGemma step against its rows at the release's "
+                                "vocabulary and canvas (CPU)"),
     "compiled-step": Experiment("research.compiled_step",
                                 ScaleArgs(("--layers", "2", "--requests", "4", "--rounds", "1"), ("--rounds", "1"),
                                           ("--mixed",)), None, False,
