@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from torch.distributions import Categorical
+import torch.nn.functional as F
 
 from engine.rules.base import DecodingRule
 
@@ -27,6 +27,9 @@ from engine.rules.base import DecodingRule
 CANVAS_DEFAULTS = {"max_denoising_steps": 48, "entropy_bound": 0.1, "t_min": 0.4, "t_max": 0.8,
                    "stability_threshold": 1, "confidence_threshold": 0.005}
 CANVAS_SETTINGS = tuple(CANVAS_DEFAULTS)
+# float32 [canvas, vocab] copies a row's step holds at once, at most: the logits (scaled in place), then
+# their softmax and one multinomial draw's noise, or their normalized logits and p log p (``entropies``)
+VOCAB_COPIES = 3
 
 
 def _number(value: object) -> bool:
@@ -115,15 +118,26 @@ def temperatures(rule: EntropyBound, steps_left: torch.Tensor) -> torch.Tensor:
     return rule.t_min + (rule.t_max - rule.t_min) * (steps_left.to(torch.int32) / rule.max_denoising_steps)
 
 
+def entropies(logits: torch.Tensor) -> torch.Tensor:
+    """``Categorical(logits=logits).entropy()`` in its own operations, so the same values, holding two
+    float32 copies of ``logits`` at once where it holds four."""
+    normalized = logits - logits.logsumexp(dim=-1, keepdim=True)
+    p_log_p = F.softmax(normalized, dim=-1).mul_(normalized.clamp_(min=torch.finfo(logits.dtype).min))
+    return -p_log_p.sum(-1)
+
+
 def denoise(rule: EntropyBound, logits: torch.Tensor, canvas: torch.Tensor, history: torch.Tensor,
             steps_left: torch.Tensor, generators: list[torch.Generator]) -> CanvasStepResult:
-    """One step of every row: ``logits [rows, canvas, vocab]`` float32 of the canvases ``canvas``."""
-    processed = logits / temperatures(rule, steps_left)[:, None, None]
+    """One step of every row: ``logits [rows, canvas, vocab]`` float32 of the canvases ``canvas``, divided
+    by the temperature in place (they become the result's ``processed_logits``). At most three float32
+    copies of the logits exist at once: ``VOCAB_COPIES``."""
+    processed = logits.div_(temperatures(rule, steps_left)[:, None, None])
     probabilities = torch.softmax(processed, dim=-1, dtype=torch.float32)
     candidates = torch.cat([torch.multinomial(row, num_samples=1, generator=generator).view(1, -1)
                             for row, generator in zip(probabilities, generators)])
+    del probabilities
     argmax = processed.argmax(dim=-1)
-    entropy = Categorical(logits=processed, validate_args=False).entropy()  # [rows, canvas]
+    entropy = entropies(processed)  # [rows, canvas]
     sorted_entropy, order = torch.sort(entropy, dim=-1)
     accepted_sorted = torch.cumsum(sorted_entropy, dim=-1) - sorted_entropy <= rule.entropy_bound
     accepted = torch.scatter(torch.zeros_like(accepted_sorted), -1, order, accepted_sorted)

@@ -4,6 +4,10 @@ Every running row denoises its own canvas at its own step. A row that starts a c
 last canvas just committed) first stores its new context, the prompt or that committed canvas, in the
 same forward (``engine.models.diffusion_gemma.step``). A canvas that stops early completes at that step;
 the scheduler then lets the row leave or start its next canvas at the next step, so no row waits.
+
+The model returns the canvases' hidden states; the head, the sampler and the self-conditioning then run
+over chunks of ``rows_per_chunk`` rows, so a step's vocabulary-sized temporaries are one chunk's,
+whatever its batch. Each row draws from its own generator, so cutting a batch into chunks changes no draw.
 """
 from __future__ import annotations
 
@@ -20,6 +24,17 @@ from engine.rules.entropy_bound import EntropyBound, denoise, empty_history, ini
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, first_stop
 from engine.scheduling.trace import ForwardRecord
+
+# A chunk's float32 logits [rows, canvas, vocab] hold at most this many elements (512 MiB), at least one
+# row's. At the release's canvas of 256 and vocabulary of 262,144: two rows, whose 512 positions keep the
+# head's and the self-conditioning's matmuls over the 1.5 GB embedding compute-bound on an H100 (the
+# ridge is near 300 positions), with 1.5 GiB of temporaries at once (VOCAB_COPIES float32 copies).
+VOCAB_CHUNK_ELEMENTS = 2**27
+
+
+def rows_per_chunk(canvas_length: int, vocab_size: int) -> int:
+    """Rows whose vocabulary-sized temporaries a step holds at once."""
+    return max(1, VOCAB_CHUNK_ELEMENTS // (canvas_length * vocab_size))
 
 
 @dataclass
@@ -45,6 +60,7 @@ class CanvasRunner:
         self.canvas = torch.zeros((slots, self.length), dtype=torch.long, device=device)
         self.soft = torch.zeros((slots, self.length, self.model.config.hidden_size), dtype=lm.dtype, device=device)
         self.history = empty_history(slots, self.rule, self.length, device)
+        self.rows_per_chunk = rows_per_chunk(self.length, lm.vocab_size)
         self.free_slots = list(range(slots))
         self.rows: dict[str, CanvasRow] = {}
 
@@ -61,8 +77,8 @@ class CanvasRunner:
             self._start_canvas(self.rows[request.request_id])
         started = time.perf_counter()
         step, record = self._inputs(requests)
-        logits = self.model.forward_canvas(step, self.cache)
-        rows = self._decode([self.rows[request.request_id] for request in requests], requests, logits)
+        hidden = self.model.decode_hidden(step, self.cache)
+        rows = self._decode([self.rows[request.request_id] for request in requests], requests, hidden)
         return RunnerOutput(rows=rows, model_time_s=time.perf_counter() - started, record=record)
 
     def release(self, finished: list[Request]) -> None:
@@ -101,15 +117,11 @@ class CanvasRunner:
                                refresh_pad_tokens=len(storing) * max(store.counts) - sum(store.counts) if store else 0)
         return CanvasStep(store, decode), record
 
-    def _decode(self, rows: list[CanvasRow], requests: list[Request], logits: torch.Tensor) -> dict[str, RowResult]:
-        slots = torch.tensor([row.slot for row in rows], device=logits.device)
-        steps_left = torch.tensor([row.steps_left for row in rows], device=logits.device)
-        result = denoise(self.rule, logits, self.canvas[slots], self.history[slots], steps_left,
-                         [row.generator for row in rows])
-        self.canvas[slots], self.history[slots] = result.canvas, result.history
-        self.soft[slots] = self.model.soft_embeddings(result.processed_logits)
-        complete = result.stopped | (steps_left <= 1)
-        host = torch.cat([result.argmax, complete[:, None]], dim=1).tolist()  # the one host sync
+    def _decode(self, rows: list[CanvasRow], requests: list[Request], hidden: torch.Tensor) -> dict[str, RowResult]:
+        size = self.rows_per_chunk
+        chunks = [self._denoise_chunk(rows[start:start + size], hidden[start:start + size])
+                  for start in range(0, len(rows), size)]
+        host = torch.cat(chunks).tolist()  # the one host sync
         results = {}
         for row, request, values in zip(rows, requests, host):
             row.steps_left, row.conditioned = row.steps_left - 1, True
@@ -120,3 +132,15 @@ class CanvasRunner:
             row.pending = tokens  # stored when its next canvas starts
             results[request.request_id] = RowResult(True, first_stop(tokens, self.lm.special_ids.stop_ids), tokens)
         return results
+
+    def _denoise_chunk(self, rows: list[CanvasRow], hidden: torch.Tensor) -> torch.Tensor:
+        """One chunk's head, sampler and self-conditioning, written to its rows' slots: ``[rows, canvas + 1]``,
+        each row's argmax canvas and whether its canvas completes. Its vocabulary-sized temporaries end here."""
+        slots = torch.tensor([row.slot for row in rows], device=hidden.device)
+        steps_left = torch.tensor([row.steps_left for row in rows], device=hidden.device)
+        result = denoise(self.rule, self.model.logits(hidden), self.canvas[slots], self.history[slots], steps_left,
+                         [row.generator for row in rows])
+        self.canvas[slots], self.history[slots] = result.canvas, result.history
+        self.soft[slots] = self.model.soft_embeddings(result.processed_logits)
+        complete = result.stopped | (steps_left <= 1)
+        return torch.cat([result.argmax, complete[:, None]], dim=1)

@@ -90,11 +90,18 @@ class DiffusionGemmaTransformer(nn.Module):
     # -- the forward -------------------------------------------------------------------------------
     def forward_canvas(self, step: CanvasStep, cache: CanvasKVCache) -> torch.Tensor | None:
         """Store the store part's tokens and run the decode part's canvases: logits ``[rows, canvas,
-        vocab]`` in float32, soft-capped, or None when no canvas ran. Batch-invariant mode runs each row
+        vocab]`` in float32, soft-capped, or None when no canvas ran. Every row's logits at once: the
+        canvas runner reads :meth:`decode_hidden` and runs the head over chunks of rows instead."""
+        hidden = self.decode_hidden(step, cache)
+        return None if hidden is None else self.logits(hidden)
+
+    def decode_hidden(self, step: CanvasStep, cache: CanvasKVCache) -> torch.Tensor | None:
+        """Store the store part's tokens and run the decode part's canvases: their final normed hidden
+        states ``[rows, canvas, hidden]``, or None when no canvas ran. Batch-invariant mode runs each row
         alone, as in a batch of one."""
         if self.options.batch_invariant and step.decode is not None and step.decode.num_rows > 1:
-            logits = [self.forward_canvas(row, cache) for row in split_by_row(step)]
-            return torch.cat([row for row in logits if row is not None])
+            hidden = [self.decode_hidden(row, cache) for row in split_by_row(step)]
+            return torch.cat([row for row in hidden if row is not None])
         ring, window = cache.ring, self.config.sliding_window
         store = plan_store(step.store, ring, window, self.dtype) if step.store is not None else None
         decode = plan_decode(step.decode, ring, self.dtype) if step.decode is not None else None
@@ -119,13 +126,16 @@ class DiffusionGemmaTransformer(nn.Module):
             x = layer(x, attention, num_store)
         if decode is None:
             return None
-        hidden = self.norm(x[num_store:]).view(decode.rows, decode.length, -1)
-        return self.logits(hidden)
+        return self.norm(x[num_store:]).view(decode.rows, decode.length, -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``[rows, canvas, vocab]`` of final hidden states, soft-capped in place: one
+        float32 copy of the vocabulary per position. Batch-invariant mode runs each row alone."""
+        if self.options.batch_invariant and hidden.shape[0] > 1:
+            return torch.cat([self.logits(row) for row in hidden.split(1)])
         cap = self.config.final_logit_softcapping
         logits = F.linear(hidden, self.embed_tokens.weight).float()
-        return torch.tanh(logits / cap) * cap
+        return logits.div_(cap).tanh_().mul_(cap)
 
     def soft_embeddings(self, processed_logits: torch.Tensor) -> torch.Tensor:
         """The next step's self-conditioning input from this step's temperature-scaled logits, as the
