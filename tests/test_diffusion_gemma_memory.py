@@ -1,5 +1,5 @@
 """DiffusionGemma's vocabulary-sized temporaries: a step holds one chunk of rows' at a time, whatever its
-batch, with the tokens unchanged."""
+batch, with the tokens unchanged; the memory model prices one chunk."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models.loader import load_model
-from engine.runner import canvas_runner
+from engine.runner import canvas_runner, memory
+from engine.scheduling.model_fit import config_for_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "tiny-diffusion_gemma"
@@ -59,4 +60,13 @@ def test_a_steps_logits_stay_one_chunk_from_2_to_8_rows_and_the_tokens_are_uncha
     assert chunked[2][1] == chunked[8][1] == 2
     assert chunked[8][0] == whole
     assert chunked[2][0] == whole[:2]
+
+
+def test_the_memory_model_prices_one_chunk_of_logits(lm, monkeypatch):
+    canvas = lm.model.config.canvas_length
+    monkeypatch.setattr(canvas_runner, "VOCAB_CHUNK_ELEMENTS", 2 * canvas * lm.vocab_size)
+    model = memory.memory_model(lm, config_for_model(EngineConfig(max_batch_size=8), lm))
+    assert model.logit_rows == BlockServeEngine(lm, EngineConfig(max_batch_size=8)).runner.rows_per_chunk == 2
+    assert model.step_bytes(0, 1) == model.logit_bytes_per_row
+    assert model.step_bytes(0, 2) == model.step_bytes(0, 8) == 2 * model.logit_bytes_per_row
 

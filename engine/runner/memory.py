@@ -24,7 +24,9 @@ from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.models.part_attention import part_attention
+from engine.rules.entropy_bound import VOCAB_COPIES
 from engine.rules.proposals import NOISE_CHUNK_ELEMENTS
+from engine.runner.canvas_runner import rows_per_chunk
 from engine.scheduling.model_fit import block_length_for
 
 INDEX_BYTES = 8  # token ids and positions are int64
@@ -39,17 +41,20 @@ class MemoryModel:
     logit_bytes_per_row: int  # vocabulary-sized temporaries of one row's active block (logits, softmax)
     sampling_bytes_per_row: int = 0  # a sampled row's float32 noise and scaled logits (its block)
     sampling_scratch_bytes: int = 0  # the noise's int64 hash temporaries, bounded by chunking
+    logit_rows: int | None = None  # rows whose logit temporaries a step holds at once (a chunk's); None: all
 
     def step_bytes(self, box_tokens: int, rows: int, sampled_rows: int = 0) -> int:
         """Estimated memory a step needs beyond the weights and the arena, for a bounding box of
         ``box_tokens`` tokens over ``rows`` rows, ``sampled_rows`` of them with temperature > 0."""
         sampling = sampled_rows * self.sampling_bytes_per_row + (self.sampling_scratch_bytes if sampled_rows else 0)
-        return box_tokens * self.bytes_per_box_token + rows * self.logit_bytes_per_row + sampling
+        logit_rows = rows if self.logit_rows is None else min(rows, self.logit_rows)
+        return box_tokens * self.bytes_per_box_token + logit_rows * self.logit_bytes_per_row + sampling
 
 
 def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     """DiffusionGemma: sliding layers keep a ring of ``sliding_window - 1`` columns, global layers every
-    column; a step holds each row's canvas logits, and its self-conditioning state persists per slot."""
+    column; a step holds one chunk of rows' canvas logits at a time (``canvas_runner.rows_per_chunk``), and
+    its self-conditioning state persists per slot."""
     model_config, dtype = lm.model.config, lm.dtype
     slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
     element = torch.empty((), dtype=dtype).element_size()
@@ -63,8 +68,9 @@ def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
         weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()),
         arena_bytes=CanvasKVCache.bytes_per_slot(model_config, width, dtype) * slots + state,
         bytes_per_box_token=element * per_token,
-        # float32 logits, their temperature-scaled copy, softmax and entropy temporaries per canvas position
-        logit_bytes_per_row=4 * 4 * canvas * model_config.vocab_size)
+        # the sampler's float32 copies of the vocabulary per canvas position, for one chunk of rows
+        logit_bytes_per_row=VOCAB_COPIES * 4 * canvas * model_config.vocab_size,
+        logit_rows=rows_per_chunk(canvas, model_config.vocab_size))
 
 
 def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
