@@ -1,7 +1,10 @@
 """DiffusionGemma's vocabulary-sized temporaries: a step holds one chunk of rows' at a time, whatever its
-batch, with the tokens unchanged; the memory model prices one chunk."""
+batch, with the tokens unchanged; the memory model prices one chunk; and the 26B-A4B job config's batch
+fits an 80 GB GPU by the engine's own check."""
 from __future__ import annotations
 
+import dataclasses
+import logging
 from pathlib import Path
 
 import pytest
@@ -9,15 +12,27 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
-from engine.models.loader import load_model
+from engine.models.diffusion_gemma.config import gemma_text_config
+from engine.models.diffusion_gemma.model import DiffusionGemmaTransformer
+from engine.models.families import diffusion_gemma
+from engine.models.loader import DiffusionLM, load_model
 from engine.runner import canvas_runner, memory
 from engine.scheduling.model_fit import config_for_model
+from pipeline.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "tiny-diffusion_gemma"
 PROMPTS = ("Hello there, how are you?", "2+2=", "The quick brown fox", "a", "Write a poem", "xyz 123", "Tell me",
            "Why is the sky blue?")
 SETTINGS = {"max_denoising_steps": 6, "stability_threshold": 0, "confidence_threshold": 0.3}
+GPU_BYTES = 80 * 10**9  # an 80 GB GPU, CUDA's own context aside (an H100 80GB offers about 79 GiB)
+GEMMA_26B = {"model_type": "diffusion_gemma", "canvas_length": 256, "text_config": {  # the model card's text stack
+    "vocab_size": 262_144, "hidden_size": 2816, "intermediate_size": 2112, "num_hidden_layers": 30,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512,
+    "num_global_key_value_heads": 2, "sliding_window": 1024, "num_experts": 128, "top_k_experts": 8,
+    "moe_intermediate_size": 704, "max_position_embeddings": 262_144,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5}}
+
 
 class LargestLogits(TorchDispatchMode):
     """The most rows of canvas logits (``[..., canvas, vocab]``) that any one tensor a torch op makes holds."""
@@ -70,3 +85,26 @@ def test_the_memory_model_prices_one_chunk_of_logits(lm, monkeypatch):
     assert model.step_bytes(0, 1) == model.logit_bytes_per_row
     assert model.step_bytes(0, 2) == model.step_bytes(0, 8) == 2 * model.logit_bytes_per_row
 
+
+def gemma_26b() -> DiffusionLM:
+    """The 26B-A4B text stack in bf16 on the meta device: shapes and byte counts, no weights."""
+    config = gemma_text_config(GEMMA_26B)
+    with torch.device("meta"):
+        model = DiffusionGemmaTransformer(config).to(torch.bfloat16)
+    return DiffusionLM("google/diffusiongemma-26B-A4B-it", diffusion_gemma.NAME, model, tokenizer=None,
+                       special_ids=None, layout=diffusion_gemma.layout(GEMMA_26B),
+                       max_length=config.max_position_embeddings)
+
+
+def test_the_26b_config_fits_an_80_gb_gpu_by_the_engines_own_check(monkeypatch, caplog):
+    lm = gemma_26b()
+    config = config_for_model(load_config(ROOT / "configs" / "diffusiongemma-26b-a4b.yaml").engine, lm)
+    weights = memory.memory_model(lm, config).weight_bytes
+    monkeypatch.setattr(memory, "available_bytes", lambda device: GPU_BYTES - weights)  # the weights are in
+    with caplog.at_level(logging.WARNING, logger="engine.runner.memory"):
+        model = memory.check_arena_fits(lm, config)
+    assert caplog.records == []  # neither the arena nor a full-budget step is over
+    assert config.max_batch_size == 32 and model.logit_rows == 2  # two rows' logits of 32
+    budget = config.resolved_token_budget(lm.max_length)
+    every_row = dataclasses.replace(model, logit_rows=None)  # each of the 32 rows' logits at once
+    assert weights + model.arena_bytes + every_row.step_bytes(budget, 32) > GPU_BYTES
