@@ -1,7 +1,7 @@
 """LLaDA2.1's token editing (``decoding="joint_threshold"``) against code we did not write: diffusers 0.42.1's
 ``LLaDA2Pipeline`` and ``BlockRefinementScheduler``, on the block-causal fixtures, token for token.
 
-What diffusers is handed, and why (``/work/shared/design/LLADA21_EDITING.md``):
+What diffusers is handed, and why (``docs/decoding.md``, LLaDA2.1's token editing):
 
 * The model: our *uncached* forward of the canvas up to the block's end (``forward_full`` with the block
   size), so attention is strict block-causal over absolute blocks, as the engine's. Prompts and answers

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import SamplingParams
-from engine.rules.base import BlockRule, BlockView, RowState, RowStep
+from engine.rules.base import BlockRule, BlockView, RowState
 from engine.rules.proposals import Sampling, gumbel_noise, propose_tokens
 from engine.runner.logit_processors import RowBias, TokenFilters, dense_bias, token_logprobs
 from engine.scheduling.request import TokenLogprob, first_stop
@@ -106,6 +106,6 @@ def denoise_step(lm, rule: BlockRule, canvas: torch.Tensor, span: tuple[int, int
     if logprobs is not None:
         logprobs_at |= committed_logprobs(logits, mask_id, candidates, update.written, logprobs, draws.bias,
                                           offset=logprob_offset)
-    row = RowStep.from_host(update.host_columns()[0].tolist())
+    row = rule.read_row(rule.host_columns(update)[0].tolist())
     rule.after_step(state, row, lead)
     return row.final

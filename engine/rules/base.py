@@ -7,7 +7,7 @@ whether the block is final. The runner calls it in this order, once per step::
 
     host:    rule.logit_offsets(block, lead) for each row    -> the positions whose logits run
     device:  proposals (candidates, confidences) -> BlockView -> rule.step(view) -> BlockUpdate
-    host:    one copy of BlockUpdate.host_columns()           -> rule.after_step(state, ...) per row
+    host:    one copy of rule.host_columns(update)            -> rule.read_row(...), rule.after_step(...)
 
 The runner never compares tokens with the mask id: what is "done" is the rule's ``final``.
 """
@@ -88,7 +88,8 @@ class BlockView:
     tokens: torch.Tensor  # the active blocks before this step
     candidates: torch.Tensor  # each computed position's proposed token; its own token elsewhere
     confidence: torch.Tensor  # the rule's score of each candidate; -inf where no logits were computed
-    computed: torch.Tensor  # bool: the positions whose logits this step computed (the rule's offsets)
+    computed: torch.Tensor | None  # bool: the positions whose logits this step computed (the rule's offsets);
+    # built only for a rule that reads positions other than masks (BlockRule.reads_unmasked)
     step_in_block: torch.Tensor  # [rows] steps the row has taken in this block before this one
     row_inputs: Any = None  # the rule's per-row tensors (BlockRule.row_inputs)
 
@@ -99,14 +100,9 @@ class BlockUpdate:
 
     tokens: torch.Tensor  # [rows, block] the blocks after this step
     written: torch.Tensor  # [rows, block] bool: positions whose token this step set (logprobs are taken there)
-    final: torch.Tensor  # [rows] bool: the block is final and leaves the row's active block
-    edits: torch.Tensor  # [rows] tokens rewritten that were not masks (editing rules; else zeros)
-    post_mask: torch.Tensor  # [rows] bool: the block held no mask before this step (a post-mask forward)
-
-    def host_columns(self) -> torch.Tensor:
-        """``[rows, block + 3]`` (tokens, final, edits, post_mask): what the one host copy carries."""
-        flags = torch.stack([self.final.long(), self.edits.long(), self.post_mask.long()], dim=1)
-        return torch.cat([self.tokens, flags.to(self.tokens.dtype)], dim=1)
+    final: torch.Tensor | None = None  # [rows] bool: the block is final (None: the rule reads it on the host)
+    edits: torch.Tensor | None = None  # [rows] tokens rewritten that were not masks (None: a mask-only rule)
+    post_mask: torch.Tensor | None = None  # [rows] bool: the block held no mask before this step
 
 
 @dataclass(frozen=True)
@@ -118,9 +114,6 @@ class RowStep:
     edits: int
     post_mask: bool
 
-    @classmethod
-    def from_host(cls, values: list[int]) -> RowStep:
-        return cls(values[:-3], bool(values[-3]), values[-2], bool(values[-1]))
 
 
 @dataclass
@@ -135,6 +128,7 @@ class BlockRule(DecodingRule):
     """A rule that decodes a row's active block from logits at some of its positions."""
 
     mask_id: int | None  # the model's MASK (set by from_config; selecting commits does not need it)
+    reads_unmasked: ClassVar[bool] = False  # it reads logits at positions that are not masks (BlockView.computed)
 
     @property
     def measure(self) -> str:
@@ -156,6 +150,15 @@ class BlockRule(DecodingRule):
     def step(self, view: BlockView) -> BlockUpdate:
         raise NotImplementedError
 
+    def host_columns(self, update: BlockUpdate) -> torch.Tensor:
+        """What the step's one host copy carries, ``[rows, ...]``: a mask-only rule's blocks alone (it reads
+        their finality on the host, without more device operations)."""
+        return update.tokens
+
+    def read_row(self, values: list[int]) -> RowStep:
+        """A row's part of the host copy: a mask-only rule's block is final once it holds no mask."""
+        return RowStep(values, self.mask_id not in values, 0, False)
+
     def after_step(self, state: RowState, row: RowStep, lead: int) -> None:
         """Update a row's state from its part of the step's host copy."""
         if row.final:
@@ -164,9 +167,6 @@ class BlockRule(DecodingRule):
             state.offsets = self.logit_offsets(row.tokens, lead)
             state.post_mask_forwards += row.post_mask
 
-    def _update(self, view: BlockView, tokens: torch.Tensor, written: torch.Tensor,
-                final: torch.Tensor | None = None) -> BlockUpdate:
-        """A mask-only step's update: final once no mask is left, no edits."""
-        zeros = torch.zeros_like(view.step_in_block)
-        final = ~(tokens == self.mask_id).any(-1) if final is None else final
-        return BlockUpdate(tokens, written, final, zeros, zeros.bool())
+    def _update(self, tokens: torch.Tensor, written: torch.Tensor) -> BlockUpdate:
+        """A mask-only step's update (its finality is read on the host, :meth:`read_row`)."""
+        return BlockUpdate(tokens, written)

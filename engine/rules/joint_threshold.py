@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.rules.base import BlockRule, BlockUpdate, BlockView, RowState
-from engine.rules.unmasking import most_confident, unit_threshold_problems
+from engine.rules.base import BlockRule, BlockUpdate, BlockView, RowState, RowStep
+from engine.rules.unmasking import unit_threshold_problems, with_most_confident
 
 DEFAULT_MAX_POST_STEPS = 16  # LLaDA2.1's remote code and diffusers' default
 
@@ -63,6 +63,7 @@ class JointThreshold(BlockRule):
     settings: ClassVar[tuple[str, ...]] = ("threshold", "editing_threshold", "max_post_steps")
     request_settings: ClassVar[tuple[str, ...]] = ("editing_threshold", "max_post_steps")
     attentions: ClassVar[tuple[str, ...]] = ("block_causal",)
+    reads_unmasked: ClassVar[bool] = True
 
     @classmethod
     def settings_problems(cls, config: Any) -> list[tuple[str, str]]:
@@ -104,7 +105,7 @@ class JointThreshold(BlockRule):
     def step(self, view: BlockView) -> BlockUpdate:
         inputs: EditingInputs = view.row_inputs
         masked = view.tokens == self.mask_id
-        commit = (masked & (view.confidence > self.threshold)) | most_confident(view.confidence, masked)
+        commit = with_most_confident(masked & (view.confidence > self.threshold), view.confidence, masked)
         editable = view.computed & ~masked & inputs.editing[:, None]
         edit = editable & (view.candidates != view.tokens) & (view.confidence > inputs.editing_threshold[:, None])
         tokens = torch.where(commit | edit, view.candidates, view.tokens)
@@ -114,3 +115,12 @@ class JointThreshold(BlockRule):
         settled = ~inputs.editing | (post_mask & (edits == 0)) | (forwards >= inputs.max_post_steps)
         final = ~(tokens == self.mask_id).any(-1) & settled
         return BlockUpdate(tokens, commit | edit, final, edits, post_mask)
+
+    def host_columns(self, update: BlockUpdate) -> torch.Tensor:
+        """``[rows, block + 3]``: the blocks, then whether each is final, its edits and whether it was a
+        post-mask forward."""
+        flags = torch.stack([update.final.long(), update.edits.long(), update.post_mask.long()], dim=1)
+        return torch.cat([update.tokens, flags.to(update.tokens.dtype)], dim=1)
+
+    def read_row(self, values: list[int]) -> RowStep:
+        return RowStep(values[:-3], bool(values[-3]), values[-2], bool(values[-1]))

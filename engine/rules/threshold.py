@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.rules.unmasking import UnmaskingRule, most_confident, unit_threshold_problems
+from engine.rules.unmasking import UnmaskingRule, unit_threshold_problems, with_most_confident
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Threshold(UnmaskingRule):
         return confidence >= self.threshold
 
     def choose(self, confidence: torch.Tensor, masked: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-        return (masked & self.passes(confidence)) | most_confident(confidence, masked)
+        return with_most_confident(masked & self.passes(confidence), confidence, masked)
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ class UnmaskingRule(BlockRule):
 
     def step(self, view: BlockView) -> BlockUpdate:
         commit = self.select(view.confidence, view.tokens == self.mask_id, view.step_in_block)
-        return self._update(view, torch.where(commit, view.candidates, view.tokens), commit)
+        return self._update(torch.where(commit, view.candidates, view.tokens), commit)
 
 
 def rank_by_confidence(confidence: torch.Tensor, masked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,10 +91,11 @@ def rank_by_confidence(confidence: torch.Tensor, masked: torch.Tensor) -> tuple[
     return ranks, scores.gather(-1, order)
 
 
-def most_confident(confidence: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-    """bool ``[rows, block]``: each row's most confident masked position (leftmost on a tie), if any."""
+def with_most_confident(commit: torch.Tensor, confidence: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """``commit`` (bool ``[rows, block]``, a new tensor the caller owns) with each row's most confident
+    masked position (leftmost on a tie) set too, if the row has one: every step makes progress."""
     best = torch.where(masked, confidence, float("-inf")).argmax(dim=-1, keepdim=True)
-    return torch.zeros_like(masked).scatter_(-1, best, masked.gather(-1, best))
+    return commit.scatter_(-1, best, masked.gather(-1, best))
 
 
 def unit_threshold_problems(config: Any) -> list[tuple[str, str]]:

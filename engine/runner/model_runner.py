@@ -86,8 +86,9 @@ class ModelRunner:
         candidates, confidence = propose_tokens(logits, self.lm.special_ids.mask_id,
                                                 self._sampling(inputs, logits.shape[-1]), measure=self.rule.measure)
         blocks = self.batch.block_tokens(inputs.slots, inputs.block_columns)
-        computed = torch.zeros_like(blocks, dtype=torch.bool).index_put_(at, torch.ones_like(positions.rows,
-                                                                                            dtype=torch.bool))
+        computed = (torch.zeros_like(blocks, dtype=torch.bool).index_put_(at, torch.ones_like(positions.rows,
+                                                                                             dtype=torch.bool))
+                    if self.rule.reads_unmasked else None)
         scores = confidence.new_full(blocks.shape, float("-inf")).index_put_(at, confidence.view(-1))
         view = BlockView(tokens=blocks, candidates=blocks.index_put(at, candidates.view(-1)), confidence=scores,
                          computed=computed, step_in_block=inputs.step_in_block,
@@ -97,10 +98,10 @@ class ModelRunner:
         if inputs.logprobs is not None:
             self._record_logprobs(inputs, logits, candidates, update.written)
         self.batch.write_blocks(inputs.slots, inputs.block_columns, update.tokens)
-        host = update.host_columns().tolist()  # the one sync
+        host = self.rule.host_columns(update).tolist()  # the one sync
         results = {}
         for request, values, lead in zip(inputs.rows, host, inputs.leads):
-            row = RowStep.from_host(values)
+            row = self.rule.read_row(values)
             self.rule.after_step(self.row_states[request.request_id], row, lead)
             results[request.request_id] = self._row_result(row, lead)
         if inputs.logprobs is not None:
