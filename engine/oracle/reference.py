@@ -41,7 +41,7 @@ from engine.oracle.reference_steps import (
     finished_result,
     row_bias,
 )
-from engine.rules.base import BlockRule, RowState
+from engine.rules.base import BlockRule
 from engine.rules.threshold import Threshold
 from engine.rules.unmasking import first_position_first
 from engine.scheduling.request import TokenLogprob
@@ -78,7 +78,7 @@ def reference_generate(
     logprobs_at: dict[int, TokenLogprob] = {}  # canvas position -> at its commit step
     for block in range(num_blocks):
         start, end = prompt_length + block * block_length, prompt_length + (block + 1) * block_length
-        step, final, state = 0, False, RowState()
+        step, final, state = 0, False, rule.new_row_state()
         while not final:
             if step == 0 or cache == "none":
                 read = torch.arange(start - shift, end - shift, device=device)[None]

@@ -33,7 +33,7 @@ from engine.oracle.reference_steps import (
     finished_result,
     row_bias,
 )
-from engine.rules.base import BlockRule, RowState
+from engine.rules.base import BlockRule
 from engine.scheduling.request import TokenLogprob
 
 
@@ -64,7 +64,7 @@ def block_causal_generate(
     logprobs_at: dict[int, TokenLogprob] = {}  # output position -> at its commit step
     for block in range(num_blocks):
         start, end = first + block * block_length, first + (block + 1) * block_length
-        step, final, state = 0, False, RowState()
+        step, final, state = 0, False, rule.new_row_state()
         while not final:
             logits = lm.model.logits(forward.step(start, end))
             final = denoise_step(lm, rule, canvas, (start, end), logits, step, block * block_length, draws, logprobs,

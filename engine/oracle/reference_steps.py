@@ -100,7 +100,7 @@ def denoise_step(lm, rule: BlockRule, canvas: torch.Tensor, span: tuple[int, int
     computed[0, offsets] = True
     view = BlockView(block, torch.where(computed, candidates, block),
                      torch.where(computed, confidence, torch.full_like(confidence, float("-inf"))), computed,
-                     torch.tensor([step], device=device), rule.row_inputs([state], [draws.params], device))
+                     torch.tensor([step], device=device), rule.row_inputs([state], [draws.params], block))
     update = rule.step(view)
     canvas[:, start:end] = update.tokens
     if logprobs is not None:

@@ -28,8 +28,8 @@ RULES = {
     "entropy_bound": "entropy_bound:EntropyBound",
 }
 DECODING_RULES = tuple(RULES)
-# SamplingParams fields that only some rules read; a request that sets one for another rule is refused
-REQUEST_SETTINGS = ("editing_threshold", "max_post_steps")
+# SamplingParams fields that only one rule reads -> that rule; a request that sets one for another is refused
+REQUEST_SETTINGS = {"editing_threshold": "joint_threshold", "max_post_steps": "joint_threshold"}
 
 
 def rule_class(name: str) -> type[DecodingRule]:

@@ -74,10 +74,10 @@ class DecodingRule:
 
     def request_problem(self, params: Any) -> str | None:
         """Why a request's settings cannot run under this rule, as a message that starts with the field."""
-        for name in REQUEST_SETTINGS:
+        for name, owner in REQUEST_SETTINGS.items():
             if getattr(params, name) is not None and name not in self.request_settings:
-                return (f"{name} is a setting of decoding='joint_threshold' (LLaDA2.1's token editing); this "
-                        f"engine decodes with {self.name!r}: leave it unset")
+                return (f"{name} is a setting of decoding={owner!r}; this engine decodes with {self.name!r}: "
+                        "leave it unset")
         return None
 
 
@@ -121,7 +121,6 @@ class RowState:
     """A running row's state, as the rule left it at the last step."""
 
     offsets: list[int] | None = None  # offsets of its active block that need logits (None: untouched)
-    post_mask_forwards: int = 0  # forwards of its active block after the block held no mask
 
 
 class BlockRule(DecodingRule):
@@ -143,8 +142,12 @@ class BlockRule(DecodingRule):
         """Offsets of a row's active block (host tokens, ``lead`` prompt tokens first) that need logits."""
         return [offset for offset, token in enumerate(block) if token == self.mask_id]
 
-    def row_inputs(self, states: Sequence[RowState], params: Sequence[Any], device: torch.device) -> Any:
-        """The per-row tensors :meth:`step` reads (None: it reads none)."""
+    def new_row_state(self) -> RowState:
+        """The state of a row that has just been admitted."""
+        return RowState()
+
+    def row_inputs(self, states: Sequence[RowState], params: Sequence[Any], like: torch.Tensor) -> Any:
+        """The per-row tensors :meth:`step` reads, on ``like``'s device (None: it reads none)."""
         return None
 
     def step(self, view: BlockView) -> BlockUpdate:
@@ -161,11 +164,7 @@ class BlockRule(DecodingRule):
 
     def after_step(self, state: RowState, row: RowStep, lead: int) -> None:
         """Update a row's state from its part of the step's host copy."""
-        if row.final:
-            state.offsets, state.post_mask_forwards = None, 0
-        else:
-            state.offsets = self.logit_offsets(row.tokens, lead)
-            state.post_mask_forwards += row.post_mask
+        state.offsets = None if row.final else self.logit_offsets(row.tokens, lead)
 
     def _update(self, tokens: torch.Tensor, written: torch.Tensor) -> BlockUpdate:
         """A mask-only step's update (its finality is read on the host, :meth:`read_row`)."""

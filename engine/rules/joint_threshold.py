@@ -27,6 +27,7 @@ import torch
 
 from engine.rules.base import BlockRule, BlockUpdate, BlockView, RowState, RowStep
 from engine.rules.unmasking import unit_threshold_problems, with_most_confident
+from engine.runner.batch import to_device
 
 DEFAULT_MAX_POST_STEPS = 16  # LLaDA2.1's remote code and diffusers' default
 
@@ -41,6 +42,11 @@ def max_post_steps_problem(value: object) -> str | None:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return None
     return f"must be an int >= 0, got {value!r}"
+
+
+@dataclass
+class EditingRowState(RowState):
+    post_mask_forwards: int = 0  # forwards of its active block after the block held no mask
 
 
 @dataclass(frozen=True)
@@ -93,14 +99,22 @@ class JointThreshold(BlockRule):
         """Every offset past the lead: masks to commit and generated tokens to edit."""
         return [offset for offset, token in enumerate(block) if offset >= lead or token == self.mask_id]
 
-    def row_inputs(self, states: Sequence[RowState], params: Sequence[Any], device: torch.device) -> EditingInputs:
+    def new_row_state(self) -> EditingRowState:
+        return EditingRowState()
+
+    def row_inputs(self, states: Sequence[EditingRowState], params: Sequence[Any],
+                   like: torch.Tensor) -> EditingInputs:
         thresholds = [p.editing_threshold if p.editing_threshold is not None else self.editing_threshold
                       for p in params]
         budgets = [p.max_post_steps if p.max_post_steps is not None else self.max_post_steps for p in params]
-        values = torch.tensor([[t is not None, t if t is not None else 0.0, s.post_mask_forwards, b]
-                               for t, s, b in zip(thresholds, states, budgets)], dtype=torch.float64)
-        values = values.to(device, non_blocking=True)
-        return EditingInputs(values[:, 0].bool(), values[:, 1], values[:, 2].long(), values[:, 3].long())
+        editing, threshold, forwards, budget = to_device(  # one copy: every value fits a float64 exactly
+            like, [t is not None for t in thresholds], [t or 0.0 for t in thresholds],
+            [s.post_mask_forwards for s in states], budgets, dtype=torch.float64)
+        return EditingInputs(editing.bool(), threshold, forwards.long(), budget.long())
+
+    def after_step(self, state: EditingRowState, row: RowStep, lead: int) -> None:
+        super().after_step(state, row, lead)
+        state.post_mask_forwards = 0 if row.final else state.post_mask_forwards + row.post_mask
 
     def step(self, view: BlockView) -> BlockUpdate:
         inputs: EditingInputs = view.row_inputs

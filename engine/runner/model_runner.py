@@ -41,7 +41,7 @@ class ModelRunner:
         """Apply ``scheduled`` to the persistent batch and run its rows for one denoising step."""
         for request in scheduled.admitted:
             self.batch.place(request)
-            self.row_states[request.request_id] = RowState()
+            self.row_states[request.request_id] = self.rule.new_row_state()
             if self.prefix_cache is not None:
                 self.prefix_cache.reuse(request)
         if not scheduled.num_rows:
@@ -93,7 +93,7 @@ class ModelRunner:
         view = BlockView(tokens=blocks, candidates=blocks.index_put(at, candidates.view(-1)), confidence=scores,
                          computed=computed, step_in_block=inputs.step_in_block,
                          row_inputs=self.rule.row_inputs([self.row_states[r.request_id] for r in inputs.rows],
-                                                         [r.params for r in inputs.rows], blocks.device))
+                                                         [r.params for r in inputs.rows], blocks))
         update = self.rule.step(view)
         if inputs.logprobs is not None:
             self._record_logprobs(inputs, logits, candidates, update.written)
