@@ -71,8 +71,9 @@ class RowLayout:
 
     @property
     def caches_prefixes(self) -> bool:
-        """Whole prompt blocks' keys and values are exact for any request sharing them (prefix caching)."""
-        return self.block_causal
+        """A prompt's keys and values up to a position are exact for any request sharing those tokens (prefix
+        caching): its blocks attend causally to what came before, or a canvas model's encoder stores it causally."""
+        return self.block_causal or self.decodes_canvases
 
     @property
     def left_aligned(self) -> bool:
@@ -135,10 +136,7 @@ class RowLayout:
         if config.cache not in self.caches:
             return (f"EngineConfig.cache: {config.cache!r} is a cache mode of full-attention families; "
                     f"{self.family} attends block-causally and caches each finished block: leave cache at 'dual'")
-        if config.enable_prefix_caching and self.decodes_canvases:
-            return (f"EngineConfig.enable_prefix_caching: prefix caching is not built for {self.family}'s canvas "
-                    "runner yet; leave it unset")
-        if config.enable_prefix_caching and not self.stores_finished_blocks:
+        if config.enable_prefix_caching and not self.caches_prefixes:
             return (f"EngineConfig.enable_prefix_caching: {self.family} attends over the whole row, so a prompt "
                     "block's keys and values depend on the canvas after it and cannot be reused by another "
                     "request; prefix caching is exact for block-causal families only")

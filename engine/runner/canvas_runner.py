@@ -8,6 +8,7 @@ the scheduler then lets the row leave or start its next canvas at the next step,
 The model returns the canvases' hidden states; the head, the sampler and the self-conditioning then run
 over chunks of ``rows_per_chunk`` rows, so a step's vocabulary-sized temporaries are one chunk's,
 whatever its batch. Each row draws from its own generator, so cutting a batch into chunks changes no draw.
+With prefix caching a joining row's prompt starts from its cached pages (``canvas_prefix_cache``).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, StorePart
 from engine.models.loader import DiffusionLM
 from engine.rules.entropy_bound import EntropyBound, denoise, empty_history, initial_canvas
+from engine.runner.canvas_prefix_cache import CanvasPrefixCache, pool_pages
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, first_stop
 from engine.scheduling.trace import ForwardRecord
@@ -44,6 +46,7 @@ class CanvasRow:
     slot: int
     generator: torch.Generator
     pending: list[int] = field(default_factory=list)  # context to store before its next canvas
+    pages: tuple[int, ...] = ()  # the prefix cache's pages its next store fills (StorePart.pages)
     context: int = 0  # positions stored in its cache slot
     steps_left: int = 0  # denoising steps its canvas may still take, this one included
     conditioned: bool = False  # its canvas has self-conditioning from a previous step
@@ -53,10 +56,11 @@ class CanvasRunner:
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: EntropyBound):
         self.lm, self.model = lm, lm.model
         self.rule = rule
-        self.prefix_cache = None
         self.length = config.block_length
         slots, device = config.max_batch_size, lm.device
         self.cache = CanvasKVCache(self.model.config, slots, max_row_width, lm.dtype, device)
+        self.prefix_cache = (CanvasPrefixCache(self.model.config, self.cache, pool_pages(config, max_row_width))
+                             if config.enable_prefix_caching else None)
         self.canvas = torch.zeros((slots, self.length), dtype=torch.long, device=device)
         self.soft = torch.zeros((slots, self.length, self.model.config.hidden_size), dtype=lm.dtype, device=device)
         self.history = empty_history(slots, self.rule, self.length, device)
@@ -68,8 +72,13 @@ class CanvasRunner:
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         for request in scheduled.admitted:
             generator = torch.Generator(device=self.lm.device).manual_seed(request.seed)
-            self.rows[request.request_id] = CanvasRow(self.free_slots.pop(0), generator,
-                                                      pending=list(request.prompt_token_ids))
+            slot = self.free_slots.pop(0)
+            cached = self.prefix_cache.reuse(request, slot) if self.prefix_cache is not None else 0
+            self.rows[request.request_id] = CanvasRow(slot, generator, pending=list(request.prompt_token_ids[cached:]),
+                                                      context=cached)
+        if self.prefix_cache is not None and scheduled.admitted:
+            for request, pages in zip(scheduled.admitted, self.prefix_cache.claim(scheduled.admitted)):
+                self.rows[request.request_id].pages = pages
         requests = [*scheduled.refresh, *scheduled.window]
         if not requests:
             return RunnerOutput(rows={}, model_time_s=0.0)
@@ -77,7 +86,7 @@ class CanvasRunner:
             self._start_canvas(self.rows[request.request_id])
         started = time.perf_counter()
         step, record = self._inputs(requests)
-        hidden = self.model.decode_hidden(step, self.cache)
+        hidden = self.model.decode_hidden(step, self.cache, self.prefix_cache.pool if self.prefix_cache else None)
         rows = self._decode([self.rows[request.request_id] for request in requests], requests, hidden)
         return RunnerOutput(rows=rows, model_time_s=time.perf_counter() - started, record=record)
 
@@ -98,10 +107,11 @@ class CanvasRunner:
         store = None
         if storing:
             tokens = torch.tensor([t for row in storing for t in row.pending], device=self.lm.device)
+            pages = tuple(row.pages for row in storing) if any(row.pages for row in storing) else ()
             store = StorePart(tokens, tuple(row.slot for row in storing), tuple(row.context for row in storing),
-                              tuple(len(row.pending) for row in storing))
+                              tuple(len(row.pending) for row in storing), pages)
             for row in storing:
-                row.context, row.pending = row.context + len(row.pending), []
+                row.context, row.pending, row.pages = row.context + len(row.pending), [], ()
         slots = torch.tensor([row.slot for row in rows], device=self.lm.device)
         soft = None
         if any(row.conditioned for row in rows):

@@ -12,6 +12,7 @@ from typing import Protocol
 from engine.config import EngineConfig
 from engine.models.loader import DiffusionLM
 from engine.rules.base import DecodingRule
+from engine.runner.canvas_prefix_cache import CanvasPrefixCache
 from engine.runner.prefix_cache import PrefixCache
 from engine.scheduling.outputs import RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request
@@ -19,7 +20,7 @@ from engine.scheduling.request import Request
 
 class Runner(Protocol):
     rule: DecodingRule  # the rule its rows decode with
-    prefix_cache: PrefixCache | None  # the prompts' keys and values it keeps (None: none)
+    prefix_cache: PrefixCache | CanvasPrefixCache | None  # the prompts' keys and values it keeps (None: none)
 
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule) -> None: ...
 

@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
+from engine.models.diffusion_gemma.kv_cache import CanvasKVCache, PagePool
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.models.part_attention import part_attention
 from engine.rules.entropy_bound import VOCAB_COPIES
 from engine.rules.proposals import NOISE_CHUNK_ELEMENTS
+from engine.runner.canvas_prefix_cache import PAGE_LENGTH, pool_pages
 from engine.runner.canvas_runner import rows_per_chunk
 from engine.scheduling.model_fit import block_length_for
 
@@ -54,7 +55,7 @@ class MemoryModel:
 def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     """DiffusionGemma: sliding layers keep a ring of ``sliding_window - 1`` columns, global layers every
     column; a step holds one chunk of rows' canvas logits at a time (``canvas_runner.rows_per_chunk``), and
-    its self-conditioning state persists per slot."""
+    its self-conditioning state persists per slot. The prefix cache's pages keep every layer's columns."""
     model_config, dtype = lm.model.config, lm.dtype
     slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
     element = torch.empty((), dtype=dtype).element_size()
@@ -64,9 +65,12 @@ def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     hidden, heads = model_config.hidden_size, model_config.num_heads
     per_token = 8 * hidden + 3 * model_config.intermediate_size + heads * width + 4 * widest_head
     per_token += model_config.experts_per_token * (3 * model_config.moe_intermediate_size + 2 * hidden)
+    pool = 0
+    if lm.layout.prefix_caching(config):  # the prefix cache's pages: every layer's keys and values
+        pool = PagePool.bytes_per_token(model_config, dtype) * pool_pages(config, width) * PAGE_LENGTH
     return MemoryModel(
         weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()),
-        arena_bytes=CanvasKVCache.bytes_per_slot(model_config, width, dtype) * slots + state,
+        arena_bytes=CanvasKVCache.bytes_per_slot(model_config, width, dtype) * slots + state + pool,
         bytes_per_box_token=element * per_token,
         # the sampler's float32 copies of the vocabulary per canvas position, for one chunk of rows
         logit_bytes_per_row=VOCAB_COPIES * 4 * canvas * model_config.vocab_size,

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.diffusion_gemma.config import GemmaTextConfig, LayerShape
-from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
+from engine.models.diffusion_gemma.kv_cache import CanvasKVCache, PagePool
 from engine.models.diffusion_gemma.layers import (
     Experts,
     GatedMLP,
@@ -95,15 +95,19 @@ class DiffusionGemmaTransformer(nn.Module):
         hidden = self.decode_hidden(step, cache)
         return None if hidden is None else self.logits(hidden)
 
-    def decode_hidden(self, step: CanvasStep, cache: CanvasKVCache) -> torch.Tensor | None:
+    def decode_hidden(self, step: CanvasStep, cache: CanvasKVCache, pool: PagePool | None = None
+                      ) -> torch.Tensor | None:
         """Store the store part's tokens and run the decode part's canvases: their final normed hidden
-        states ``[rows, canvas, hidden]``, or None when no canvas ran. Batch-invariant mode runs each row
-        alone, as in a batch of one."""
+        states ``[rows, canvas, hidden]``, or None when no canvas ran. The store's pages
+        (``StorePart.pages``) go to ``pool`` too. Batch-invariant mode runs each row alone, as in a batch
+        of one."""
         if self.options.batch_invariant and step.decode is not None and step.decode.num_rows > 1:
-            hidden = [self.decode_hidden(row, cache) for row in split_by_row(step)]
+            hidden = [self.decode_hidden(row, cache, pool) for row in split_by_row(step)]
             return torch.cat([row for row in hidden if row is not None])
         ring, window = cache.ring, self.config.sliding_window
-        store = plan_store(step.store, ring, window, self.dtype) if step.store is not None else None
+        page_length = pool.page_length if pool is not None else 0
+        store = (plan_store(step.store, ring, window, self.dtype, page_length) if step.store is not None
+                 else None)
         decode = plan_decode(step.decode, ring, self.dtype) if step.decode is not None else None
         pieces, positions = [], []
         if store is not None:
@@ -122,7 +126,8 @@ class DiffusionGemmaTransformer(nn.Module):
             cos, sin = rotary[layer.shape.kind]
 
             def attention(h, layer=layer, index=index, cos=cos, sin=sin):
-                return self._attention(layer, cache.layers[index], h, cos, sin, store, decode, num_store)
+                pages = pool.layers[index] if pool is not None else None
+                return self._attention(layer, cache.layers[index], pages, h, cos, sin, store, decode, num_store)
             x = layer(x, attention, num_store)
         if decode is None:
             return None
@@ -154,13 +159,16 @@ class DiffusionGemmaTransformer(nn.Module):
         angles = torch.cat([frequencies, frequencies], dim=-1)[:, None]
         return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
 
-    def _attention(self, layer: DecoderLayer, cache: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, store: StorePlan | None, decode: DecodePlan | None,
+    def _attention(self, layer: DecoderLayer, cache: torch.Tensor, pages: torch.Tensor | None, h: torch.Tensor,
+                   cos: torch.Tensor, sin: torch.Tensor, store: StorePlan | None, decode: DecodePlan | None,
                    num_store: int) -> torch.Tensor:
         q, k, v = layer.self_attn.project(h, cos, sin)
         sliding = layer.shape.kind == "sliding"
         outputs = []
         if store is not None:
+            if store.page_tokens is not None:
+                pages[store.page_entries, :, :, store.page_columns] = torch.stack(
+                    [k[store.page_tokens], v[store.page_tokens]], dim=1)
             outputs.append(self._store_attention(cache, q[:num_store], k[:num_store], v[:num_store], store, sliding))
         if decode is not None:
             rows, length = decode.rows, decode.length

@@ -10,6 +10,8 @@ weights, attention runs per part):
   row's cached context (sliding layers: the context's last ``sliding_window - 1`` positions).
 
 A row may be in both: its store runs first in every layer, so its canvas reads the context just written.
+A store may also fill pages of the prefix cache's pool (``engine.runner.canvas_prefix_cache``): every layer
+writes the keys and values of a prompt's whole pages there as it computes them.
 """
 from __future__ import annotations
 
@@ -24,10 +26,17 @@ class StorePart:
     slots: tuple[int, ...]  # host: each row's cache slot
     starts: tuple[int, ...]  # host: context positions each row has cached before this step
     counts: tuple[int, ...]  # host: new tokens of each row
+    pages: tuple[tuple[int, ...], ...] = ()  # host: per row, the pool entry each page of its new tokens
+    # fills, page after page from its first new token (a page-aligned position), -1: none; (): no row's
 
     @property
     def num_rows(self) -> int:
         return len(self.slots)
+
+    def row(self, index: int, tokens: torch.Tensor) -> StorePart:
+        """Row ``index`` alone, whose new tokens are ``tokens``."""
+        pages = (self.pages[index],) if self.pages else ()
+        return StorePart(tokens, (self.slots[index],), (self.starts[index],), (self.counts[index],), pages)
 
 
 @dataclass
@@ -58,8 +67,7 @@ def split_by_row(step: CanvasStep) -> list[CanvasStep]:
         for count in step.store.counts:
             offsets.append(offsets[-1] + count)
         for index, slot in enumerate(step.store.slots):
-            stores[slot] = StorePart(step.store.tokens[offsets[index]:offsets[index + 1]], (slot,),
-                                     (step.store.starts[index],), (step.store.counts[index],))
+            stores[slot] = step.store.row(index, step.store.tokens[offsets[index]:offsets[index + 1]])
     decode = step.decode
     steps = []
     for index, slot in enumerate(decode.slots if decode is not None else ()):
@@ -94,6 +102,9 @@ class StorePlan:
     sliding_mask: torch.Tensor  # [rows, 1, length, ring + length]
     ring_tokens: torch.Tensor  # [written] new tokens that enter a sliding layer's ring ...
     ring_columns: torch.Tensor  # ... at these columns
+    page_tokens: torch.Tensor | None  # [paged] new tokens whose keys and values fill pool pages ...
+    page_entries: torch.Tensor | None  # ... these pages ...
+    page_columns: torch.Tensor | None  # ... at these columns (None: the store fills no page)
 
     def to_box(self, packed: torch.Tensor) -> torch.Tensor:
         box = packed.new_zeros(self.rows * self.length, *packed.shape[1:])
@@ -103,7 +114,7 @@ class StorePlan:
         return box.reshape(self.rows * self.length, *box.shape[2:]).index_select(0, self.packed_index)
 
 
-def plan_store(part: StorePart, ring: int, window: int, dtype: torch.dtype) -> StorePlan:
+def plan_store(part: StorePart, ring: int, window: int, dtype: torch.dtype, page_length: int = 0) -> StorePlan:
     device = part.tokens.device
     rows, length = part.num_rows, max(part.counts)
     packed = [(row, i) for row, count in enumerate(part.counts) for i in range(count)]
@@ -126,10 +137,14 @@ def plan_store(part: StorePart, ring: int, window: int, dtype: torch.dtype) -> S
     sliding = key_valid[:, None, :] & (difference >= 0) & (difference < window)
     sliding |= ~real_query[:, :, None] & (torch.arange(key_positions.shape[1], device=device) == ring)
     kept = [index for index, (row, i) in enumerate(packed) if i >= part.counts[row] - ring]
+    paged = [(index, part.pages[row][i // page_length], i % page_length) for index, (row, i) in enumerate(packed)
+             if part.pages and i < len(part.pages[row]) * page_length and part.pages[row][i // page_length] >= 0]
+    page_tokens, page_entries, page_columns = (torch.tensor(column, device=device, dtype=torch.long)
+                                               for column in zip(*paged)) if paged else (None, None, None)
     return StorePlan(rows, length, packed_index, torch.tensor(part.slots, device=device), token_slots, positions,
                      global_keys, _additive(allowed, dtype)[:, None], _additive(sliding, dtype)[:, None],
                      torch.tensor(kept, device=device, dtype=torch.long),
-                     torch.remainder(positions[kept], ring))
+                     torch.remainder(positions[kept], ring), page_tokens, page_entries, page_columns)
 
 
 @dataclass
