@@ -14,8 +14,8 @@ Experts are stacked (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``) and c
 ``torch._grouped_mm`` over every expert at once, with no host sync. Where ``_grouped_mm`` does not take
 the dtype or device (float64), a loop over the experts (never over tokens) reads the counts once. A
 compiled graph traces ``_grouped_mm`` in bfloat16; in other dtypes it calls the same code as one opaque
-custom operation (``blockserve::grouped_swiglu``), except on CUDA without ``_grouped_mm``, where that
-shape runs eagerly.
+custom operation (``blockserve::grouped_glu``), except on CUDA without ``_grouped_mm``, where that
+shape runs eagerly. DiffusionGemma's experts use the same helpers with a tanh-GELU gate.
 """
 from __future__ import annotations
 
@@ -28,54 +28,86 @@ from engine.models.config import MoEConfig
 GROUPED_MM_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16,)}
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# the gate's activation of a gated expert MLP, ``activation(gate) * up``, by the name the custom op takes
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": gelu_tanh}
+
+
 def grouped_mm_supported(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether ``torch._grouped_mm`` computes in ``dtype`` on ``device`` eagerly (else the per-expert loop)."""
     return hasattr(torch, "_grouped_mm") and dtype in GROUPED_MM_DTYPES.get(device.type, ())
 
 
-def grouped_swiglu_eager(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                         counts: torch.Tensor) -> torch.Tensor:
-    """Every expert's SwiGLU over its rows of ``x`` (sorted by expert, ``counts [E]`` each): one
-    ``_grouped_mm`` per projection, or where it does not take the dtype or device, :func:`expert_loop`,
-    a loop over the experts (never over tokens) that reads the counts on the host once."""
+def grouped_glu_eager(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts: torch.Tensor,
+                      activation: str = "silu") -> torch.Tensor:
+    """Every expert's gated MLP (SwiGLU for ``"silu"``) over its rows of ``x`` (sorted by expert,
+    ``counts [E]`` each): one ``_grouped_mm`` per projection, or where it does not take the dtype or
+    device, :func:`expert_loop`, a loop over the experts (never over tokens) that reads the counts on the
+    host once."""
     if not grouped_mm_supported(x.dtype, x.device):
-        return expert_loop(x, gate_up, down, counts)
+        return expert_loop(x, gate_up, down, counts, activation)
     ends = counts.cumsum(0).to(torch.int32)
     gate, up_part = torch._grouped_mm(x, gate_up.transpose(-1, -2), offs=ends).chunk(2, dim=-1)
-    return torch._grouped_mm(F.silu(gate) * up_part, down.transpose(-1, -2), offs=ends)
+    return torch._grouped_mm(ACTIVATIONS[activation](gate) * up_part, down.transpose(-1, -2), offs=ends)
 
 
-def expert_loop(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """:func:`grouped_swiglu_eager` one expert at a time."""
+def expert_loop(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts: torch.Tensor,
+                activation: str = "silu") -> torch.Tensor:
+    """:func:`grouped_glu_eager` one expert at a time."""
     outputs = []
     for expert, rows in enumerate(x.split(counts.tolist())):
         if rows.shape[0]:
             gate, up_part = F.linear(rows, gate_up[expert]).chunk(2, dim=-1)
-            outputs.append(F.linear(F.silu(gate) * up_part, down[expert]))
+            outputs.append(F.linear(ACTIVATIONS[activation](gate) * up_part, down[expert]))
     return torch.cat(outputs) if outputs else x.new_zeros(0, down.shape[1])
 
 
-def _grouped_swiglu_contiguous(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                               counts: torch.Tensor) -> torch.Tensor:
-    return grouped_swiglu_eager(x, gate_up, down, counts).contiguous()
+def _grouped_glu_contiguous(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts: torch.Tensor,
+                            activation: str) -> torch.Tensor:
+    return grouped_glu_eager(x, gate_up, down, counts, activation).contiguous()
 
 
-# ``grouped_swiglu``: :func:`grouped_swiglu_eager` as one opaque operation of a compiled graph. Dynamo
-# traces ``_grouped_mm`` in bfloat16 only and cannot trace the loop's host read, so other dtypes call
-# this. Its output is contiguous, as the shape function promises (``_grouped_mm`` may pad row strides).
+# ``grouped_glu``: :func:`grouped_glu_eager` as one opaque operation of a compiled graph. Dynamo traces
+# ``_grouped_mm`` in bfloat16 only and cannot trace the loop's host read, so other dtypes call this.
+# Its output is contiguous, as the shape function promises (``_grouped_mm`` may pad row strides).
 # Defined on a library fragment, not with ``torch.library.custom_op``: that one's Python wrapper costs
 # ~75 us a call on this CPU, ~15 us here, and a compiled MoE layer calls it once a step.
 _LIBRARY = torch.library.Library("blockserve", "FRAGMENT")
-_LIBRARY.define("grouped_swiglu(Tensor x, Tensor gate_up, Tensor down, Tensor counts) -> Tensor")
-_LIBRARY.impl("grouped_swiglu", _grouped_swiglu_contiguous, "CompositeExplicitAutograd")
+_LIBRARY.define("grouped_glu(Tensor x, Tensor gate_up, Tensor down, Tensor counts, str activation) -> Tensor")
+_LIBRARY.impl("grouped_glu", _grouped_glu_contiguous, "CompositeExplicitAutograd")
 
 
-@torch.library.register_fake("blockserve::grouped_swiglu")
-def _grouped_swiglu_shape(x, gate_up, down, counts):
+@torch.library.register_fake("blockserve::grouped_glu")
+def _grouped_glu_shape(x, gate_up, down, counts, activation):
     return x.new_empty(x.shape[0], down.shape[1])
 
 
-grouped_swiglu = torch.ops.blockserve.grouped_swiglu
+grouped_glu = torch.ops.blockserve.grouped_glu
+
+
+def grouped_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts: torch.Tensor,
+                    activation: str = "silu") -> torch.Tensor:
+    """``x [pairs, H]`` sorted by expert, ``counts [E]`` of each expert's rows -> ``[pairs, H]``: each
+    row through its expert's gated MLP (``gate_up [E, 2I, H]``, ``down [E, H, I]``), eagerly or in a
+    compiled graph."""
+    if torch.compiler.is_compiling() and x.dtype != torch.bfloat16:
+        if x.device.type != "cpu" and not grouped_mm_supported(x.dtype, x.device):
+            # the loop's host read would break a captured CUDA graph: a full-graph compile refuses
+            # this shape, which then runs eagerly with a warning naming the cause
+            torch._dynamo.graph_break()
+        return grouped_glu(x, gate_up, down, counts, activation)
+    return grouped_glu_eager(x, gate_up, down, counts, activation)
+
+
+def sort_by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``order`` of the flattened (token, slot) pairs of ``experts [tokens, k]`` sorted by expert (stable:
+    a token's pairs stay in slot order within an expert) and ``counts [num_experts]``, without a host sync
+    and with a fixed length (bincount's length depends on the data)."""
+    flat = experts.flatten()
+    return flat.argsort(stable=True), flat.new_zeros(num_experts).index_add_(0, flat, torch.ones_like(flat))
 
 
 class Router(nn.Module):
@@ -134,13 +166,7 @@ class StackedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """``x [pairs, H]`` sorted by expert, ``counts [E]`` of each expert's rows -> ``[pairs, H]``."""
-        if torch.compiler.is_compiling() and x.dtype != torch.bfloat16:
-            if x.device.type != "cpu" and not grouped_mm_supported(x.dtype, x.device):
-                # the loop's host read would break a captured CUDA graph: a full-graph compile refuses
-                # this shape, which then runs eagerly with a warning naming the cause
-                torch._dynamo.graph_break()
-            return grouped_swiglu(x, self.gate_up_proj, self.down_proj, counts)
-        return grouped_swiglu_eager(x, self.gate_up_proj, self.down_proj, counts)
+        return grouped_experts(x, self.gate_up_proj, self.down_proj, counts)
 
 
 class MoE(nn.Module):
@@ -175,10 +201,7 @@ class MoE(nn.Module):
 
     def _forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         experts, weights = self.gate(x, self.config)
-        flat = experts.flatten()
-        order = flat.argsort(stable=True)
-        # per-expert counts with a fixed length (bincount's length depends on the data)
-        counts = flat.new_zeros(self.config.num_experts).index_add_(0, flat, torch.ones_like(flat))
+        order, counts = sort_by_expert(experts, self.config.num_experts)
         routed = self.experts(x[order // experts.shape[1]], counts)
         unsorted = torch.empty_like(routed).index_copy_(0, order, routed)
         out = (unsorted.view(*experts.shape, -1).to(weights.dtype).mul_(weights.unsqueeze(-1))
