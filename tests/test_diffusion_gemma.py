@@ -105,8 +105,6 @@ def test_an_image_prompt_and_what_the_canvas_runner_lacks_are_refused_by_name(lm
         BlockServeEngine(lm, EngineConfig(decoding="low_confidence"))
     with pytest.raises(ValueError, match="max_denoising_steps"):
         EngineConfig(max_denoising_steps=0)
-    with pytest.raises(ValueError, match="compile"):
-        load_model(FIXTURE, compile=True)
 
 
 def test_the_canvas_settings_come_from_the_checkpoint_then_transformers(lm):

@@ -62,7 +62,7 @@ class DiffusionGemmaTransformer(nn.Module):
         self.self_conditioning = SelfConditioning(config)
         self.embed_scale = config.hidden_size ** 0.5
         self.options = ModelOptions()
-        self.compiled = None  # runs eagerly (apply_options refuses compile)
+        self.compiled = None  # a CompiledCanvas when options.compile
         # per layer kind, computed on first use (a buffer would be lost by the loader's meta-device build)
         self._inverse_frequencies: dict[str, torch.Tensor] = {}
 
@@ -71,10 +71,12 @@ class DiffusionGemmaTransformer(nn.Module):
         pass  # the head reads embed_tokens directly
 
     def apply_options(self, options: ModelOptions) -> None:
-        if options.compile:
-            raise ValueError("ModelOptions.compile: DiffusionGemma runs eagerly (its compiled step is not built "
-                             "yet); load it with compile=False")
+        """Run canvases through compiled, bucketed graphs (``engine.models.diffusion_gemma.compiled``) or
+        eagerly, and batch-invariantly (each row alone) or not."""
+        from engine.models.diffusion_gemma.compiled import CompiledCanvas
+
         self.options = options
+        self.compiled = CompiledCanvas(self) if options.compile else None
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         return dict(self.named_parameters()) | dict(self.named_buffers())
@@ -104,20 +106,35 @@ class DiffusionGemmaTransformer(nn.Module):
         if self.options.batch_invariant and step.decode is not None and step.decode.num_rows > 1:
             hidden = [self.decode_hidden(row, cache, pool) for row in split_by_row(step)]
             return torch.cat([row for row in hidden if row is not None])
+        if self.compiled is not None:
+            return self.compiled.decode_hidden(step, cache, pool)
+        return self.eager_hidden(step, cache, pool)
+
+    def eager_hidden(self, step: CanvasStep, cache: CanvasKVCache, pool: PagePool | None = None
+                     ) -> torch.Tensor | None:
+        """:meth:`decode_hidden` as one eager forward of both parts."""
         ring, window = cache.ring, self.config.sliding_window
         page_length = pool.page_length if pool is not None else 0
         store = (plan_store(step.store, ring, window, self.dtype, page_length) if step.store is not None
                  else None)
         decode = plan_decode(step.decode, ring, self.dtype) if step.decode is not None else None
+        store_tokens = step.store.tokens if store is not None else None
+        canvas, soft = (step.decode.tokens, step.decode.soft_embeddings) if decode is not None else (None, None)
+        return self.run_plans(store_tokens, store, canvas, soft, decode, cache.layers,
+                              pool.layers if pool is not None else None)
+
+    def run_plans(self, store_tokens: torch.Tensor | None, store: StorePlan | None, canvas: torch.Tensor | None,
+                  soft: torch.Tensor | None, decode: DecodePlan | None, cache_layers: list[torch.Tensor],
+                  pool_layers: list[torch.Tensor] | None) -> torch.Tensor | None:
+        """The layers over planned parts: what :meth:`decode_hidden` returns (``soft`` None: zeros)."""
         pieces, positions = [], []
         if store is not None:
-            pieces.append(self.embed(step.store.tokens))
+            pieces.append(self.embed(store_tokens))
             positions.append(store.positions)
         if decode is not None:
-            canvas = self.embed(step.decode.tokens)
-            soft = step.decode.soft_embeddings
-            pieces.append(self.self_conditioning(canvas, soft if soft is not None else torch.zeros_like(canvas))
-                          .reshape(-1, canvas.shape[-1]))
+            embedded = self.embed(canvas)
+            pieces.append(self.self_conditioning(embedded, soft if soft is not None else torch.zeros_like(embedded))
+                          .reshape(-1, embedded.shape[-1]))
             positions.append(decode.positions)
         x, positions = torch.cat(pieces), torch.cat(positions)
         rotary = {shape.kind: self._rotary(positions, shape) for shape in self.config.layers}
@@ -126,8 +143,8 @@ class DiffusionGemmaTransformer(nn.Module):
             cos, sin = rotary[layer.shape.kind]
 
             def attention(h, layer=layer, index=index, cos=cos, sin=sin):
-                pages = pool.layers[index] if pool is not None else None
-                return self._attention(layer, cache.layers[index], pages, h, cos, sin, store, decode, num_store)
+                pages = pool_layers[index] if pool_layers is not None else None
+                return self._attention(layer, cache_layers[index], pages, h, cos, sin, store, decode, num_store)
             x = layer(x, attention, num_store)
         if decode is None:
             return None

@@ -158,12 +158,13 @@ class DecodePlan:
     sliding_mask: torch.Tensor  # [rows, 1, 1, ring + length]
 
 
-def plan_decode(part: DecodePart, ring: int, dtype: torch.dtype) -> DecodePlan:
+def plan_decode(part: DecodePart, ring: int, dtype: torch.dtype, global_keys: int | None = None) -> DecodePlan:
+    """``global_keys``: the cache columns a global layer reads, at least the longest context (None: that)."""
     device = part.tokens.device
     rows, length = part.tokens.shape
     contexts = torch.tensor(part.contexts, device=device)
     positions = (contexts[:, None] + torch.arange(length, device=device)).reshape(-1)
-    global_keys = max(part.contexts)
+    global_keys = max(part.contexts) if global_keys is None else global_keys
     canvas = torch.ones(rows, length, dtype=torch.bool, device=device)
     cached = torch.arange(global_keys, device=device)[None, :] < contexts[:, None]
     global_allowed = torch.cat([cached, canvas], dim=1)
