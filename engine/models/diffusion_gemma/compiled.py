@@ -5,6 +5,8 @@ bucket of static shapes. Rows round up to a power of two (at most the cache's sl
 context columns to the next of ``WIDTH_BUCKETS`` (at most the cache's width). A padding row reads slot 0
 under a mask that lets it see only its own canvas, and its hidden states are dropped; a padding column is
 masked for every row. The decode part writes no cache, so padding changes no row's keys and values.
+A layer is a nested compile region, traced once per kind (sliding, global) and stamped out for every
+layer of that kind, so compile time does not grow with depth.
 
 Each bucket's inputs live in buffers that every step refills in place, and the KV cache keeps its address,
 so on CUDA each graph is a captured CUDA graph (``triton.cudagraphs``). The store part, a row's prompt or
@@ -24,17 +26,42 @@ import torch
 from engine.models.compiled import COMPILE_ERRORS, configure_dynamo
 from engine.models.compiled_shapes import WIDTH_BUCKETS, bucket
 from engine.models.diffusion_gemma.kv_cache import CanvasKVCache, PagePool
+from engine.models.diffusion_gemma.model import DiffusionGemmaTransformer
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, DecodePlan, plan_decode
 
 logger = logging.getLogger(__name__)
 
 
+def _decode_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layer: torch.Tensor,
+                  slots: torch.Tensor, global_mask: torch.Tensor, sliding_mask: torch.Tensor) -> torch.Tensor:
+    """One layer over the decode part's canvases ``x [rows * canvas, hidden]``, as eager runs it."""
+    rows = global_mask.shape[0]
+    length = x.shape[0] // rows
+    plan = DecodePlan(rows, length, slots, None, global_mask.shape[-1] - length, global_mask, sliding_mask)
+
+    def attention(h: torch.Tensor) -> torch.Tensor:
+        return DiffusionGemmaTransformer.attention(layer, cache_layer, None, h, cos, sin, None, plan, 0)
+    return layer(x, attention, 0)
+
+
+# traced once per kind of layer (sliding, global) and stamped out for every layer of that kind, so compile
+# time does not grow with depth
+_layer_region = torch.compiler.nested_compile_region(_decode_layer)
+
+
 def _decode(model, canvas: torch.Tensor, soft: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-            global_mask: torch.Tensor, sliding_mask: torch.Tensor, cache_layers: list[torch.Tensor]) -> torch.Tensor:
-    """The decode part's final hidden states ``[rows, canvas, hidden]``: the eager layers over one plan."""
+            global_mask: torch.Tensor, sliding_mask: torch.Tensor, cache_layers: list[torch.Tensor],
+            regions: bool = True) -> torch.Tensor:
+    """The decode part's final hidden states ``[rows, canvas, hidden]``: the eager layers over one plan
+    (``regions`` False: every layer inline, as the eager fallback runs)."""
     rows, length = canvas.shape
-    plan = DecodePlan(rows, length, slots, positions, global_mask.shape[-1] - length, global_mask, sliding_mask)
-    return model.run_plans(None, None, canvas, soft, plan, cache_layers, None)
+    embedded = model.embed(canvas)
+    x = model.self_conditioning(embedded, soft).reshape(rows * length, -1)
+    rotary = {shape.kind: model.rotary(positions, shape) for shape in model.config.layers}
+    run = _layer_region if regions else _decode_layer
+    for index, layer in enumerate(model.layers):
+        x = run(layer, x, *rotary[layer.shape.kind], cache_layers[index], slots, global_mask, sliding_mask)
+    return model.norm(x).view(rows, length, -1)
 
 
 @functools.cache
@@ -75,9 +102,12 @@ class CompiledCanvas:
         key = self._bucket(step.decode, cache)
         inputs = self._fill(key, step.decode, cache)
         if key in self.failures:
-            return _decode(model, *inputs, cache.layers)[:step.decode.num_rows]
+            return _decode(model, *inputs, cache.layers, regions=False)[:step.decode.num_rows]
         cuda_graphs = cache.layers[0].is_cuda
         configure_dynamo(64)
+        if not self.graphs:  # the rotary frequencies exist before a trace reads them
+            for shape in model.config.layers:
+                model.rotary(inputs[3][:1], shape)
         if cuda_graphs:
             for layer in cache.layers:
                 if id(layer) not in self.static_caches:
@@ -91,7 +121,7 @@ class CompiledCanvas:
             logger.warning("DiffusionGemma's canvas bucket rows=%d keys=%d runs eagerly: its compilation failed "
                            "(%s)", *key, cause)
             self.failures[key] = cause
-            return _decode(model, *inputs, cache.layers)[:step.decode.num_rows]
+            return _decode(model, *inputs, cache.layers, regions=False)[:step.decode.num_rows]
         self.graphs.add(key)
         return hidden[:step.decode.num_rows].clone()  # a captured graph's output is rewritten at its next replay
 

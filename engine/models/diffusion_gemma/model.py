@@ -137,14 +137,14 @@ class DiffusionGemmaTransformer(nn.Module):
                           .reshape(-1, embedded.shape[-1]))
             positions.append(decode.positions)
         x, positions = torch.cat(pieces), torch.cat(positions)
-        rotary = {shape.kind: self._rotary(positions, shape) for shape in self.config.layers}
+        rotary = {shape.kind: self.rotary(positions, shape) for shape in self.config.layers}
         num_store = 0 if store is None else store.positions.shape[0]
         for index, layer in enumerate(self.layers):
             cos, sin = rotary[layer.shape.kind]
 
             def attention(h, layer=layer, index=index, cos=cos, sin=sin):
                 pages = pool_layers[index] if pool_layers is not None else None
-                return self._attention(layer, cache_layers[index], pages, h, cos, sin, store, decode, num_store)
+                return self.attention(layer, cache_layers[index], pages, h, cos, sin, store, decode, num_store)
             x = layer(x, attention, num_store)
         if decode is None:
             return None
@@ -168,7 +168,7 @@ class DiffusionGemmaTransformer(nn.Module):
         scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(self.dtype)
         return torch.matmul(probabilities, self.embed_tokens.weight) * scale
 
-    def _rotary(self, positions: torch.Tensor, shape: LayerShape) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary(self, positions: torch.Tensor, shape: LayerShape) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos``, ``sin`` ``[tokens, 1, head_dim]`` of a layer kind, computed as transformers does."""
         if shape.kind not in self._inverse_frequencies:
             self._inverse_frequencies[shape.kind] = shape.inverse_frequencies().to(positions.device)
@@ -176,9 +176,12 @@ class DiffusionGemmaTransformer(nn.Module):
         angles = torch.cat([frequencies, frequencies], dim=-1)[:, None]
         return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
 
-    def _attention(self, layer: DecoderLayer, cache: torch.Tensor, pages: torch.Tensor | None, h: torch.Tensor,
-                   cos: torch.Tensor, sin: torch.Tensor, store: StorePlan | None, decode: DecodePlan | None,
-                   num_store: int) -> torch.Tensor:
+    @staticmethod
+    def attention(layer: DecoderLayer, cache: torch.Tensor, pages: torch.Tensor | None, h: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, store: StorePlan | None, decode: DecodePlan | None,
+                  num_store: int) -> torch.Tensor:
+        """One layer's attention over both parts: the store's keys and values written (and its pages), then
+        the canvases over their context and themselves. ``h`` holds the store's tokens first."""
         q, k, v = layer.self_attn.project(h, cos, sin)
         sliding = layer.shape.kind == "sliding"
         outputs = []
@@ -186,7 +189,8 @@ class DiffusionGemmaTransformer(nn.Module):
             if store.page_tokens is not None:
                 pages[store.page_entries, :, :, store.page_columns] = torch.stack(
                     [k[store.page_tokens], v[store.page_tokens]], dim=1)
-            outputs.append(self._store_attention(cache, q[:num_store], k[:num_store], v[:num_store], store, sliding))
+            outputs.append(DiffusionGemmaTransformer._store_attention(cache, q[:num_store], k[:num_store],
+                                                                      v[:num_store], store, sliding))
         if decode is not None:
             rows, length = decode.rows, decode.length
             canvas_kv = torch.stack([k[num_store:], v[num_store:]], dim=1).view(rows, length, 2, *k.shape[1:])
