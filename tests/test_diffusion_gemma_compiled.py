@@ -31,8 +31,9 @@ def test_compiled_canvases_give_the_eager_tokens_through_one_graph_per_bucket(co
     assert generate(compiled) == generate(load_model(FIXTURE))
     graphs = compiled.model.compiled
     assert graphs.failures == {}
-    assert graphs.graphs <= {(rows, keys) for rows in (1, 2) for keys in (32, 64)}  # rows and columns bucketed
-    assert (2, 32) in graphs.graphs
+    buckets = {(kind, rows, keys) for kind in ("decode", "store") for rows in (1, 2) for keys in (32, 64)}
+    assert graphs.graphs <= buckets  # rows and context columns bucketed
+    assert {("decode", 2, 32), ("store", 1, 32)} <= graphs.graphs  # committed canvases stored by a graph
 
 
 def test_a_compiled_row_alone_gives_transformers_tokens(compiled):

@@ -114,7 +114,10 @@ class StorePlan:
         return box.reshape(self.rows * self.length, *box.shape[2:]).index_select(0, self.packed_index)
 
 
-def plan_store(part: StorePart, ring: int, window: int, dtype: torch.dtype, page_length: int = 0) -> StorePlan:
+def plan_store(part: StorePart, ring: int, window: int, dtype: torch.dtype, page_length: int = 0,
+               global_keys: int | None = None) -> StorePlan:
+    """``global_keys``: the cache columns a global layer reads, at least the longest row's context after the
+    store (None: that)."""
     device = part.tokens.device
     rows, length = part.num_rows, max(part.counts)
     packed = [(row, i) for row, count in enumerate(part.counts) for i in range(count)]
@@ -125,7 +128,7 @@ def plan_store(part: StorePart, ring: int, window: int, dtype: torch.dtype, page
     ends = starts + torch.tensor(part.counts, device=device)
     query_positions = starts[:, None] + torch.arange(length, device=device)  # pad queries run past the end
     real_query = query_positions < ends[:, None]
-    global_keys = int(max(s + c for s, c in zip(part.starts, part.counts)))
+    global_keys = int(max(s + c for s, c in zip(part.starts, part.counts))) if global_keys is None else global_keys
     key_columns = torch.arange(global_keys, device=device)
     allowed = (key_columns[None, None, :] <= query_positions[:, :, None]) & (key_columns < ends[:, None])[:, None]
     allowed |= ~real_query[:, :, None] & (key_columns == 0)  # a pad query sees one key: its softmax stays finite
