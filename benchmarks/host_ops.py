@@ -61,7 +61,8 @@ def with_layers(lm: DiffusionLM, num_layers: int, seed: int = 0, device: str | N
 
 def mixed_prompts(lm: DiffusionLM, count: int) -> tuple[list[list[int]], list[SamplingParams]]:
     """Prompts of different lengths and caps of 1-3 blocks: rows start blocks at different steps."""
-    vocab = [i for i in range(min(lm.vocab_size, 90)) if i not in (lm.special_ids.mask_id, *lm.special_ids.stop_ids)]
+    refused = (lm.special_ids.mask_id, *lm.special_ids.stop_ids, *lm.image_token_ids)
+    vocab = [i for i in range(min(lm.vocab_size, 90)) if i not in refused]
     prompts = [[vocab[(7 * i + j) % len(vocab)] for j in range(5 + 11 * i % 40)] for i in range(count)]
     params = [SamplingParams(max_new_tokens=32 * (1 + i % 3), stop_at_eos=False) for i in range(count)]
     return prompts, params

@@ -29,6 +29,10 @@ EXPERIMENTS: dict[str, Experiment] = {
                                 ScaleArgs(("--layers", "2", "--requests", "4", "--rounds", "1"), ("--rounds", "1"),
                                           ("--mixed",)), None, False,
                                 "eager vs compiled steps on a 32-layer tiny-dimension LLaDA"),
+    "compiled-canvas": Experiment("research.compiled_canvas",
+                                  ScaleArgs(("--layers", "3", "--requests", "4", "--rounds", "1"), ("--rounds", "1"),
+                                            ()), OUT_DIR, False,
+                                  "eager vs compiled DiffusionGemma steps on its fixture and a 32-layer copy"),
     "compiled-job-step": Experiment("research.compiled_job_step",
                                     ScaleArgs(("--prompts", "16"), ("--prompts", "64"), ("--prompts", "256")), None,
                                     False, "eager vs compiled steps of the demo job's engine (tiny model, demo "
@@ -43,7 +47,8 @@ EXPERIMENTS: dict[str, Experiment] = {
                           "LLaDA2.1's token editing (S, Q) against LLaDA2.0's rule on the LLaDA2 fixture: "
                           "tokens per forward, step cost, tok/s"),
     "prefix-cache": Experiment("research.prefix_cache", SCALE_FLAG, OUT_DIR, False,
-                               "prefix caching on vs off: a shared instruction and a chat replay, SDAR and LLaDA2"),
+                               "prefix caching on vs off: a shared instruction and a chat replay, SDAR, LLaDA2 "
+                               "and DiffusionGemma"),
     "gpu-checks": Experiment("research.gpu_checks", ScaleArgs(("--smoke",)), OutArg(required=True), False,
                              "on one GPU: the compiled step with CUDA graphs per family, prefix caching at "
                              "8B shapes (``--smoke``: the CPU)"),

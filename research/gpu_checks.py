@@ -15,6 +15,8 @@ Stages, in this order (``--stages`` picks some):
    (``research.prefix_cache``): measured tok/s, forwarded tokens, hit rate, answers compared.
 3. ``compiled-8b``: LLaDA-8B's layer shapes in bf16 (the fixture's vocabulary), 16 requests of 64 new
    tokens at batch 16: eager against compiled with CUDA graphs, stepped alternately.
+4. ``compiled-canvas``: DiffusionGemma's fixture, 32 layers deep (``research.compiled_canvas``), float32,
+   as stage 1 measures the other families: steps, tokens, graphs, CUDA graphs captured and replayed.
 
 ``prefix-cache-compiled``, only when named, is stage 2 on a compiled model: each mode runs once to
 compile and capture its graphs before the timed rounds. Eagerly the step's host cost is the same with
@@ -50,7 +52,7 @@ from engine.models.transformer import BidirectionalTransformer
 from research import prefix_cache
 from research.compiled_step import Workload
 
-STAGES = ("compiled", "prefix-cache", "compiled-8b")  # the default, in the order they run
+STAGES = ("compiled", "prefix-cache", "compiled-8b", "compiled-canvas")  # the default, in the order they run
 FAMILY_LAYERS = {"tiny-llada": 32, "tiny-sdar": 32, "tiny-llada2": 32, "tiny-dream": 32}
 SDAR_8B = dict(num_layers=36, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=12288)
 LLADA_8B = dict(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, intermediate_size=12288)
@@ -193,8 +195,18 @@ def compiled_8b(device: str, smoke: bool, stop_at: float) -> dict:
                                                                     4 if smoke else 16, stop_at)
 
 
-RUNNERS = {"compiled": compiled_families, "prefix-cache": prefix_cache_8b, "compiled-8b": compiled_8b,
-           "prefix-cache-compiled": functools.partial(prefix_cache_8b, compile=True)}
+def compiled_canvas(device: str, smoke: bool, stop_at: float) -> dict:
+    """DiffusionGemma's compiled canvases against its eager step (stage 4)."""
+    from research.compiled_canvas import gemma_with_layers
+
+    layers = 2 if smoke else 32
+    models = {mode: gemma_with_layers(layers, mode == "compiled", device) for mode in ("eager", "compiled")}
+    return {"layers": layers} | eager_vs_compiled(models, 4 if smoke else 16, 16 if smoke else 64,
+                                                  4 if smoke else 16, stop_at)
+
+
+RUNNERS = {"compiled": compiled_families, "compiled-canvas": compiled_canvas, "prefix-cache": prefix_cache_8b,
+           "compiled-8b": compiled_8b, "prefix-cache-compiled": functools.partial(prefix_cache_8b, compile=True)}
 
 
 def main(argv: list[str] | None = None) -> dict:

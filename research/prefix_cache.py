@@ -1,8 +1,9 @@
-"""Prefix caching on the block-causal fixtures: the cache on against off, side by side, in one process.
+"""Prefix caching on the fixtures that cache prompts: the cache on against off, side by side, in one process.
 
-    python -m research prefix-cache --scale quick --out runs/prefix-cache
+    python -m research prefix-cache --scale quick --out runs/prefix-cache [--families diffusion_gemma]
 
-Two workloads per family (tiny-sdar, blocks of 4; tiny-llada2, blocks of 32):
+Two workloads per family (tiny-sdar, blocks of 4; tiny-llada2, blocks of 32; tiny-diffusion_gemma, canvases
+of 8 and pages of 16):
 
 * ``instruction``: one shared instruction of ``--instruction`` tokens and ``--requests`` distinct questions
   of 8 to 24 tokens, as a batch job applies one prompt to every row;
@@ -12,8 +13,9 @@ Two workloads per family (tiny-sdar, blocks of 4; tiny-llada2, blocks of 32):
 Each runs with the cache on and off, interleaved over ``--rounds`` rounds, on one loaded model: forwarded
 tokens (through the linear layers), prompt tokens computed, the cache's hit rate, generated tokens per
 second of engine time, and the H200 projection of the run's trace priced as SDAR-8B or LLaDA2.0-mini
-(marked *). Answers are compared token for token. An ``eviction`` run sends ``evict_requests`` requests
-over 50 distinct prefixes to a pool that holds 10 of them.
+(marked *; none for DiffusionGemma, whose canvas steps the trace's pricing does not model). Answers are
+compared token for token. An ``eviction`` run sends ``evict_requests`` requests over 50 distinct prefixes
+to a pool that holds 10 of them.
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ from engine.models.loader import DiffusionLM, load_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 FAMILIES = {"sdar": (FIXTURES / "tiny-sdar", {"decoding": "low_confidence_dynamic", "steps_per_block": 4}),
-            "llada2": (FIXTURES / "tiny-llada2", {"decoding": "low_confidence_dynamic", "steps_per_block": 8})}
+            "llada2": (FIXTURES / "tiny-llada2", {"decoding": "low_confidence_dynamic", "steps_per_block": 8}),
+            "diffusion_gemma": (FIXTURES / "tiny-diffusion_gemma", {"max_denoising_steps": 8})}
 SHAPES = {"sdar": "sdar-8b", "llada2": "llada2-mini"}  # whose shapes the H200 projection prices a trace with
 SCALES = {"smoke": dict(instruction=128, requests=16, answer=32, conversations=4, turns=2, rounds=1,
                         evict_requests=100),
@@ -40,7 +43,8 @@ SCALES = {"smoke": dict(instruction=128, requests=16, answer=32, conversations=4
 
 
 def words(lm: DiffusionLM, rng: random.Random, count: int) -> list[int]:
-    special = set(lm.tokenizer.all_special_ids) | {lm.special_ids.mask_id, *lm.special_ids.stop_ids}
+    special = (set(lm.tokenizer.all_special_ids) | {lm.special_ids.mask_id, *lm.special_ids.stop_ids}
+               | set(getattr(lm, "image_token_ids", ())))
     ordinary = [token for token in range(min(lm.vocab_size, 90)) if token not in special]
     return [rng.choice(ordinary) for _ in range(count)]
 
@@ -49,6 +53,12 @@ def instruction_prompts(lm: DiffusionLM, scale: dict) -> list[list[int]]:
     rng = random.Random(0)
     head = words(lm, rng, scale["instruction"])
     return [head + words(lm, rng, rng.randint(8, 24)) for _ in range(scale["requests"])]
+
+
+def text_only(lm: DiffusionLM, tokens: list[int]) -> list[int]:
+    """An answer as the next turn's prompt may hold it: without image tokens (the random fixture writes some)."""
+    image = set(getattr(lm, "image_token_ids", ()))
+    return [token for token in tokens if token not in image]
 
 
 def run_chat(engine: BlockServeEngine, lm: DiffusionLM, scale: dict, params: SamplingParams) -> list[list[int]]:
@@ -60,7 +70,7 @@ def run_chat(engine: BlockServeEngine, lm: DiffusionLM, scale: dict, params: Sam
     for _ in range(scale["turns"]):
         outputs = engine.generate(histories, params)
         answers += [output.token_ids for output in outputs]
-        histories = [h + o.token_ids + words(lm, rng, 12) for h, o in zip(histories, outputs)]
+        histories = [h + text_only(lm, o.token_ids) + words(lm, rng, 12) for h, o in zip(histories, outputs)]
     return answers
 
 
@@ -71,7 +81,7 @@ def pool_tokens(workload: str, scale: dict) -> int:
     return scale["conversations"] * (scale["instruction"] // 4 + scale["turns"] * (scale["answer"] + 24))
 
 
-def measure(lm: DiffusionLM, settings: dict, workload: str, caching: bool, scale: dict, shape: str) -> dict:
+def measure(lm: DiffusionLM, settings: dict, workload: str, caching: bool, scale: dict, shape: str | None) -> dict:
     engine = BlockServeEngine(lm, EngineConfig(max_batch_size=16, enable_prefix_caching=caching,
                                                prefix_cache_tokens=pool_tokens(workload, scale), **settings))
     params = SamplingParams(max_new_tokens=scale["answer"], stop_at_eos=False)
@@ -86,10 +96,10 @@ def measure(lm: DiffusionLM, settings: dict, workload: str, caching: bool, scale
             "hit_rate": round(stats.prefix_cache_hit_rate, 4), "elapsed_s": stats.elapsed_s,
             "tokens_per_s": stats.tokens_per_s,
             "h200_tokens_per_s": project(list(engine.stats_collector.trace), stats.generated_tokens, shape,
-                                         "h200")["tokens_per_s"]}
+                                         "h200")["tokens_per_s"] if shape else None}
 
 
-def compare(lm: DiffusionLM, settings: dict, workload: str, scale: dict, shape: str) -> dict:
+def compare(lm: DiffusionLM, settings: dict, workload: str, scale: dict, shape: str | None) -> dict:
     rounds = {False: [], True: []}
     for _ in range(scale["rounds"]):
         for caching in (False, True):
@@ -103,7 +113,7 @@ def compare(lm: DiffusionLM, settings: dict, workload: str, scale: dict, shape: 
             "forward_tokens_ratio": round(on["forward_tokens"] / off["forward_tokens"], 4),
             "computed_prompt_tokens_ratio": round(on["computed_prompt_tokens"] / off["computed_prompt_tokens"], 4),
             "speedups": [round(s, 3) for s in speedups], "median_speedup": round(statistics.median(speedups), 3),
-            "h200_speedup": round(on["h200_tokens_per_s"] / off["h200_tokens_per_s"], 3)}
+            "h200_speedup": round(on["h200_tokens_per_s"] / off["h200_tokens_per_s"], 3) if shape else None}
 
 
 def eviction(lm: DiffusionLM, settings: dict, scale: dict) -> dict:
@@ -137,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
         path, settings = FAMILIES[family]
         lm = load_model(path, dtype="float32")
         for workload in ("instruction", "chat"):
-            row = results[f"{family}/{workload}"] = compare(lm, settings, workload, scale, SHAPES[family])
+            row = results[f"{family}/{workload}"] = compare(lm, settings, workload, scale, SHAPES.get(family))
             print(f"{family:>6} {workload:>11}: forwarded {row['off']['forward_tokens']} -> "
                   f"{row['on']['forward_tokens']} ({row['forward_tokens_ratio']}x), prompt computed "
                   f"{row['computed_prompt_tokens_ratio']}x, hit rate {row['on']['hit_rate']}, "
