@@ -27,8 +27,8 @@ import torch
 
 from engine.models.compiled import COMPILE_ERRORS, configure_dynamo
 from engine.models.compiled_shapes import WIDTH_BUCKETS, bucket
+from engine.models.diffusion_gemma.attention import attention as layer_attention
 from engine.models.diffusion_gemma.kv_cache import CanvasKVCache, PagePool
-from engine.models.diffusion_gemma.model import DiffusionGemmaTransformer
 from engine.models.diffusion_gemma.step import (
     CanvasStep,
     DecodePart,
@@ -50,7 +50,7 @@ def _decode_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
     plan = DecodePlan(rows, length, slots, None, global_mask.shape[-1] - length, global_mask, sliding_mask)
 
     def attention(h: torch.Tensor) -> torch.Tensor:
-        return DiffusionGemmaTransformer.attention(layer, cache_layer, None, h, cos, sin, None, plan, 0)
+        return layer_attention(layer, cache_layer, None, h, cos, sin, None, plan, 0)
     return layer(x, attention, 0)
 
 
@@ -64,7 +64,7 @@ def _store_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, c
                      global_mask.shape[-1], global_mask, sliding_mask, ring_tokens, ring_columns, None, None, None)
 
     def attention(h: torch.Tensor) -> torch.Tensor:
-        return DiffusionGemmaTransformer.attention(layer, cache_layer, None, h, cos, sin, plan, None, h.shape[0])
+        return layer_attention(layer, cache_layer, None, h, cos, sin, plan, None, h.shape[0])
     return layer(x, attention, x.shape[0])
 
 
@@ -102,6 +102,7 @@ def _store(model, cache_layers: list[torch.Tensor], tokens: torch.Tensor, positi
 
 
 FORWARDS = {"decode": _decode, "store": _store}
+
 
 
 @functools.cache

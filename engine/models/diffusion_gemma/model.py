@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.diffusion_gemma.attention import attention as layer_attention
 from engine.models.diffusion_gemma.config import GemmaTextConfig, LayerShape
 from engine.models.diffusion_gemma.kv_cache import CanvasKVCache, PagePool
 from engine.models.diffusion_gemma.layers import (
@@ -144,7 +145,7 @@ class DiffusionGemmaTransformer(nn.Module):
 
             def attention(h, layer=layer, index=index, cos=cos, sin=sin):
                 pages = pool_layers[index] if pool_layers is not None else None
-                return self.attention(layer, cache_layers[index], pages, h, cos, sin, store, decode, num_store)
+                return layer_attention(layer, cache_layers[index], pages, h, cos, sin, store, decode, num_store)
             x = layer(x, attention, num_store)
         if decode is None:
             return None
@@ -175,54 +176,3 @@ class DiffusionGemmaTransformer(nn.Module):
         frequencies = positions[:, None].float() * self._inverse_frequencies[shape.kind]
         angles = torch.cat([frequencies, frequencies], dim=-1)[:, None]
         return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
-
-    @staticmethod
-    def attention(layer: DecoderLayer, cache: torch.Tensor, pages: torch.Tensor | None, h: torch.Tensor,
-                  cos: torch.Tensor, sin: torch.Tensor, store: StorePlan | None, decode: DecodePlan | None,
-                  num_store: int) -> torch.Tensor:
-        """One layer's attention over both parts: the store's keys and values written (and its pages), then
-        the canvases over their context and themselves. ``h`` holds the store's tokens first."""
-        q, k, v = layer.self_attn.project(h, cos, sin)
-        sliding = layer.shape.kind == "sliding"
-        outputs = []
-        if store is not None:
-            if store.page_tokens is not None:
-                pages[store.page_entries, :, :, store.page_columns] = torch.stack(
-                    [k[store.page_tokens], v[store.page_tokens]], dim=1)
-            outputs.append(DiffusionGemmaTransformer._store_attention(cache, q[:num_store], k[:num_store],
-                                                                      v[:num_store], store, sliding))
-        if decode is not None:
-            rows, length = decode.rows, decode.length
-            canvas_kv = torch.stack([k[num_store:], v[num_store:]], dim=1).view(rows, length, 2, *k.shape[1:])
-            canvas_kv = canvas_kv.permute(0, 2, 3, 1, 4)  # [rows, 2, kv_heads, canvas, d]
-            context = cache[decode.slots] if sliding else cache[decode.slots, :, :, :decode.global_keys]
-            keys = torch.cat([context, canvas_kv], dim=3)
-            mask = decode.sliding_mask if sliding else decode.global_mask
-            queries = q[num_store:].view(rows, length, *q.shape[1:])
-            outputs.append(_attend(queries, keys, mask).reshape(rows * length, -1))
-        return layer.self_attn.o_proj(torch.cat(outputs) if len(outputs) > 1 else outputs[0])
-
-    @staticmethod
-    def _store_attention(cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         plan: StorePlan, sliding: bool) -> torch.Tensor:
-        new_kv = torch.stack([k, v], dim=1)  # [tokens, 2, kv_heads, d]
-        queries = plan.to_box(q)
-        if sliding:
-            box = plan.to_box(new_kv).permute(0, 2, 3, 1, 4)  # [rows, 2, kv_heads, length, d]
-            keys = torch.cat([cache[plan.slots], box], dim=3)
-            out = _attend(queries, keys, plan.sliding_mask)
-            cache[plan.token_slots[plan.ring_tokens], :, :, plan.ring_columns] = new_kv[plan.ring_tokens]
-        else:
-            cache[plan.token_slots, :, :, plan.positions] = new_kv
-            out = _attend(queries, cache[plan.slots, :, :, :plan.global_keys], plan.global_mask)
-        return plan.from_box(out)
-
-
-def _attend(queries: torch.Tensor, keys_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """queries ``[rows, length, heads, d]``, keys_values ``[rows, 2, kv_heads, keys, d]``; scale 1 (q is
-    normed). Returns ``[rows, length, heads * d]``."""
-    keys, values = keys_values.unbind(1)
-    groups = queries.shape[2] // keys.shape[1]
-    out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=mask, scale=1.0,
-                                         enable_gqa=groups > 1)
-    return out.transpose(1, 2).reshape(queries.shape[0], queries.shape[1], -1)
