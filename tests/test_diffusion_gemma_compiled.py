@@ -9,6 +9,7 @@ import torch
 from transformers import DiffusionGemmaForBlockDiffusion
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
+from engine.models.diffusion_gemma.compiled import max_buckets
 from engine.models.loader import load_model
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-diffusion_gemma"
@@ -44,3 +45,8 @@ def test_a_compiled_row_alone_gives_transformers_tokens(compiled):
     stop = next((i for i, token in enumerate(expected) if token in compiled.special_ids.stop_ids), len(expected))
     engine = BlockServeEngine(compiled, EngineConfig(max_batch_size=2, **SETTINGS))
     assert engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=16, seed=0))[0].token_ids == expected[:stop]
+
+
+def test_dynamo_keeps_a_graph_for_every_bucket_the_release_config_meets():
+    """32 slots of 4,096 columns: rows in 6 powers of two, context columns in 14 width buckets."""
+    assert max_buckets(32, 4096) == 6 * 14

@@ -104,6 +104,14 @@ def _store(model, cache_layers: list[torch.Tensor], tokens: torch.Tensor, positi
 FORWARDS = {"decode": _decode, "store": _store}
 
 
+@functools.cache
+def max_buckets(slots: int, width: int) -> int:
+    """The buckets one kind of forward can meet in a cache of ``slots`` rows and ``width`` columns: dynamo
+    keeps that many graphs of it (32 slots of 4,096 columns: 84)."""
+    rows = {bucket(n, slots) for n in range(1, slots + 1)}
+    widths = {bucket(w, width, WIDTH_BUCKETS) for w in range(1, width + 1)}
+    return len(rows) * len(widths)
+
 
 @functools.cache
 def compiled_forward(kind: str, cuda_graphs: bool):
@@ -162,7 +170,7 @@ class CompiledCanvas:
         if key in self.failures:
             return FORWARDS[kind](model, cache.layers, *inputs, regions=False)
         cuda_graphs = cache.layers[0].is_cuda
-        configure_dynamo(64)
+        configure_dynamo(max_buckets(cache.layers[0].shape[0], cache.width))
         if not self.graphs:  # the rotary frequencies exist before a trace reads them
             for shape in model.config.layers:
                 model.rotary(cache.layers[0].new_zeros(1, dtype=torch.long), shape)
