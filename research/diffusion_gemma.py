@@ -11,7 +11,8 @@ tokens per second of each, and how many of our answers equal the batch-1 referen
 shuffled order; text cut from the demo prompts), ours on every prompt at once (16 rows at most,
 continuous batching) against transformers' batches of 16 in arrival order, left-padded to each batch's
 longest prompt and each seeded with 0, and (a control) the same batches after sorting the prompts by
-length; the batch-1 reference only for the answers' equality, untimed.
+length; the batch-1 reference only for the answers' equality, untimed. ``--compile`` runs ours on the
+compiled model, after one untimed run that compiles its buckets.
 
 Projected: 26B-A4B on one H200, GPU time only (``*``), priced per denoising step by the FLOPs of the
 canvas tokens and the bytes of the weights they touch (experts touched: ``benchmarks.perfmodel.moe``),
@@ -21,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 from dataclasses import asdict, dataclass
-from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -36,8 +35,6 @@ FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tiny-dif
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "data" / "demo.jsonl"
 SETTINGS = {"default": {}, "adaptive": {"stability_threshold": 0, "confidence_threshold": 0.3}}
 SCALES = {"smoke": (4, 16, 1), "quick": (16, 32, 2), "full": (16, 64, 3)}  # prompts, new tokens, repeats
-SPREAD_SCALES = {"smoke": (16, 16, 1), "quick": (48, 32, 2), "full": (128, 64, 3)}
-SHORTEST, LONGEST, BATCH = 50, 1000, 16  # the spread workload's prompt lengths (tokens), transformers' batch
 
 
 @dataclass(frozen=True)
@@ -160,69 +157,6 @@ def run_reference_batched(reference, lm, prompts: list[str], new_tokens: int, se
     return elapsed, [cut(row[width:].tolist(), lm.special_ids.stop_ids, new_tokens) for row in out.sequences]
 
 
-def spread_prompts(count: int) -> list[str]:
-    """``count`` prompts of SHORTEST to LONGEST characters (the fixture's tokens), log-uniform, shuffled with
-    a fixed seed; each is the demo prompts, joined by spaces, from its own one on, cut to its length."""
-    demos = demo_prompts(10**6)
-    text = " ".join(demos + demos)  # wraps around
-    offsets = list(accumulate((len(demo) + 1 for demo in demos), initial=0))
-    lengths = [round(SHORTEST * (LONGEST / SHORTEST) ** (index / (count - 1))) for index in range(count)]
-    random.Random(0).shuffle(lengths)
-    return [text[offsets[index * 37 % len(demos)]:][:length] for index, length in enumerate(lengths)]
-
-
-def batches(items: list, size: int = BATCH) -> list[list]:
-    return [items[first:first + size] for first in range(0, len(items), size)]
-
-
-def run_reference_batches(reference, lm, prompts: list[str], new_tokens: int, settings: dict):
-    """transformers' batched ``generate`` on BATCH prompts at a time, in their order."""
-    elapsed, answers = 0.0, []
-    for batch in batches(prompts):
-        batch_s, batch_answers = run_reference_batched(reference, lm, batch, new_tokens, settings)
-        elapsed, answers = elapsed + batch_s, answers + batch_answers
-    return elapsed, answers
-
-
-def measure_spread(scale: str, repeats: int | None = None) -> list[dict]:
-    from transformers import DiffusionGemmaForBlockDiffusion
-
-    from engine.models.loader import load_model
-
-    torch.set_num_threads(1)
-    count, new_tokens, scale_repeats = SPREAD_SCALES[scale]
-    repeats = repeats or scale_repeats
-    lm = load_model(FIXTURE)
-    prompts = spread_prompts(count)
-    lengths = [len(lm.tokenizer(prompt).input_ids) for prompt in prompts]
-    by_length = sorted(prompts, key=len)  # one character a token
-    padding = {order: 1 - sum(lengths) / sum(len(batch) * max(batch) for batch in batches(chosen))
-               for order, chosen in (("batched", lengths), ("sorted", sorted(lengths)))}  # of prompt positions
-    reference = DiffusionGemmaForBlockDiffusion.from_pretrained(FIXTURE, dtype=torch.float32).eval()
-    rows = []
-    for name, settings in SETTINGS.items():
-        rounds = []  # each system's seconds, interleaved: each system once per round
-        for _ in range(repeats):
-            ours_s, ours = run_ours(lm, prompts, new_tokens, settings)
-            batched_s, batched = run_reference_batches(reference, lm, prompts, new_tokens, settings)
-            sorted_s, in_order = run_reference_batches(reference, lm, by_length, new_tokens, settings)
-            rounds.append({"ours": ours_s, "batched": batched_s, "sorted": sorted_s})
-        best = {key: min(round_[key] for round_ in rounds) for key in rounds[0]}
-        _, alone = run_reference_alone(reference, lm, prompts, new_tokens, settings)
-        tokens = {"ours": sum(map(len, ours)), "batched": sum(map(len, batched)), "sorted": sum(map(len, in_order))}
-        rate = {key: tokens[key] / best[key] for key in best}
-        rows.append({"settings": name, "prompts": count, "max_new_tokens": new_tokens, "repeats": repeats,
-                     "prompt_tokens": {"min": min(lengths), "max": max(lengths), "mean": sum(lengths) / count},
-                     "padding_share": padding,
-                     **{f"{key}_tokens": tokens[key] for key in tokens}, **{f"{key}_s": best[key] for key in best},
-                     **{f"{key}_tok_s": rate[key] for key in rate},
-                     "ours_vs_batched": rate["ours"] / rate["batched"], "ours_vs_sorted": rate["ours"] / rate["sorted"],
-                     "rounds_s": rounds,  # a round's ratio: tokens[key] / round[key] over the same for ours
-                     "equal_to_reference": sum(a == b for a, b in zip(ours, alone)),
-                     "unequal_prompt_tokens": [length for a, b, length in zip(ours, alone, lengths) if a != b]})
-    return rows
-
-
 def measure(scale: str, repeats: int | None = None) -> list[dict]:
     from transformers import DiffusionGemmaForBlockDiffusion
 
@@ -245,27 +179,13 @@ def measure(scale: str, repeats: int | None = None) -> list[dict]:
                 best[key] = min(best[key], value)
         tokens = {"ours": sum(map(len, ours)), "reference_b1": sum(map(len, alone)),
                   "reference_b16": sum(map(len, batched))}
-        rows.append({"settings": name, "prompts": count, "max_new_tokens": new_tokens,
+        rows.append({"settings": name, "compiled": compile, "prompts": count, "max_new_tokens": new_tokens,
                      "equal_to_reference": sum(a == b for a, b in zip(ours, alone)),
                      **{f"{key}_tok_s": tokens[key] / best[key] for key in best}})
         rate = {key: tokens[key] / best[key] for key in best}
         rows[-1] |= {"ours_vs_b1": rate["ours"] / rate["reference_b1"],
                      "ours_vs_b16": rate["ours"] / rate["reference_b16"]}
     return rows
-
-
-def spread(scale: str, repeats: int | None, out: Path | None) -> None:
-    rows = measure_spread(scale, repeats)
-    for row in rows:
-        print(f"{row['settings']:>8}: {row['prompts']} prompts of {row['prompt_tokens']['min']}-"
-              f"{row['prompt_tokens']['max']} tokens ({row['padding_share']['batched']:.0%} of transformers' prompt "
-              f"positions padding): ours {row['ours_tok_s']:.0f} tok/s, transformers batches of {BATCH} "
-              f"{row['batched_tok_s']:.0f} (x{row['ours_vs_batched']:.2f}), sorted by length "
-              f"{row['sorted_tok_s']:.0f} (x{row['ours_vs_sorted']:.2f}); equal to the batch-1 reference "
-              f"{row['equal_to_reference']}/{row['prompts']}")
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "diffusion_gemma_spread.json").write_text(json.dumps({"measured": rows}, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -275,9 +195,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=None, help="rounds to take the best of (default: the scale's)")
     parser.add_argument("--workload", choices=("demo", "spread"), default="demo",
                         help="spread: prompts of 50 to 1,000 tokens against transformers' batches of 16")
+    parser.add_argument("--compile", action="store_true", help="spread: our engine on the compiled model")
     args = parser.parse_args(argv)
     if args.workload == "spread":
-        spread(args.scale, args.repeats, args.out)
+        from research.diffusion_gemma_spread import spread
+
+        spread(args.scale, args.repeats, args.out, args.compile)
         return
     measured = measure(args.scale, args.repeats)
     projected = [projection(rows, steps) for steps in (16, 48) for rows in (1, 16, 64)]
