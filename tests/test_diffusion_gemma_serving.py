@@ -1,6 +1,7 @@
 """The OpenAI routes on DiffusionGemma: the real OpenAIServer over a real EngineLoop on the tiny fixture,
 without Ray. A seeded answer equals ``engine.generate``; a stream sends one chunk per committed canvas;
-an image, or a sampling setting its canvas sampler does not take, is a 400 that says why."""
+an image, or a sampling setting its canvas sampler does not take, is a 400 that says why; prompt tokens read
+from the prefix cache are counted in the usage."""
 from __future__ import annotations
 
 import asyncio
@@ -51,3 +52,11 @@ def test_an_image_part_or_a_temperature_is_a_400_saying_why(server):
     with pytest.raises(OpenAIError, match="temperature is not offered for diffusion_gemma") as refused:
         completion(server, max_tokens=4, temperature=0.7)
     assert refused.value.status == 400 and refused.value.param == "temperature"
+
+
+def test_a_prompt_read_from_the_prefix_cache_is_counted_in_the_usage(server):
+    prompt = "a lazy dog sleeps under a tree, far from any fox " * 2  # 98 tokens: 6 whole pages of 16
+    first = completion(server, prompt=prompt, max_tokens=4, seed=1)
+    again = completion(server, prompt=prompt, max_tokens=4, seed=1)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == 6 * 16 and again.choices[0].text == first.choices[0].text
