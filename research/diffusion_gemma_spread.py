@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from research.diffusion_gemma import (
+from research.diffusion_gemma_runs import (
     FIXTURE,
     SETTINGS,
     demo_prompts,
