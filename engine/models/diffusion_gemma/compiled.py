@@ -81,7 +81,7 @@ def _decode(model, cache_layers: list[torch.Tensor], canvas: torch.Tensor, soft:
     rows, length = canvas.shape
     embedded = model.embed(canvas)
     x = model.self_conditioning(embedded, soft).reshape(rows * length, -1)
-    rotary = {shape.kind: model.rotary(positions, shape) for shape in model.config.layers}
+    rotary = model.rotary_tables(positions)
     run = _decode_region if regions else _decode_layer
     for index, layer in enumerate(model.layers):
         x = run(layer, x, *rotary[layer.shape.kind], cache_layers[index], slots, global_mask, sliding_mask)
@@ -93,7 +93,7 @@ def _store(model, cache_layers: list[torch.Tensor], tokens: torch.Tensor, positi
            ring_tokens: torch.Tensor, ring_columns: torch.Tensor, regions: bool = True) -> torch.Tensor:
     """Store committed canvases ``tokens [rows * canvas]`` in the cache; returns the last layer's output."""
     x = model.embed(tokens)
-    rotary = {shape.kind: model.rotary(positions, shape) for shape in model.config.layers}
+    rotary = model.rotary_tables(positions)
     run = _store_region if regions else _store_layer
     for index, layer in enumerate(model.layers):
         x = run(layer, x, *rotary[layer.shape.kind], cache_layers[index], slots, token_slots, positions,
@@ -172,8 +172,7 @@ class CompiledCanvas:
         cuda_graphs = cache.layers[0].is_cuda
         configure_dynamo(max_buckets(cache.layers[0].shape[0], cache.width))
         if not self.graphs:  # the rotary frequencies exist before a trace reads them
-            for shape in model.config.layers:
-                model.rotary(cache.layers[0].new_zeros(1, dtype=torch.long), shape)
+            model.rotary_tables(cache.layers[0].new_zeros(1, dtype=torch.long))
         if cuda_graphs:
             for layer in cache.layers:
                 if id(layer) not in self.static_caches:
@@ -235,9 +234,11 @@ def split_store(part: StorePart, canvas_length: int) -> tuple[StorePart | None, 
     offsets = [0]
     for count in part.counts:
         offsets.append(offsets[-1] + count)
-    rows = [part.row(index, part.tokens[offsets[index]:offsets[index + 1]]) for index in range(part.num_rows)]
-    canvases = [row for row in rows if row.counts[0] == canvas_length and not any(e >= 0 for e in sum(row.pages, ()))]
-    prompts = [row for row in rows if not any(row is canvas for canvas in canvases)]
+    canvases, prompts = [], []
+    for index in range(part.num_rows):
+        row = part.row(index, part.tokens[offsets[index]:offsets[index + 1]])
+        fills_pages = any(entry >= 0 for entry in (part.pages[index] if part.pages else ()))
+        (canvases if row.counts[0] == canvas_length and not fills_pages else prompts).append(row)
     return join(canvases), join(prompts)
 
 

@@ -138,7 +138,7 @@ class DiffusionGemmaTransformer(nn.Module):
                           .reshape(-1, embedded.shape[-1]))
             positions.append(decode.positions)
         x, positions = torch.cat(pieces), torch.cat(positions)
-        rotary = {shape.kind: self.rotary(positions, shape) for shape in self.config.layers}
+        rotary = self.rotary_tables(positions)
         num_store = 0 if store is None else store.positions.shape[0]
         for index, layer in enumerate(self.layers):
             cos, sin = rotary[layer.shape.kind]
@@ -168,6 +168,11 @@ class DiffusionGemmaTransformer(nn.Module):
         probabilities = processed_logits.to(self.dtype).softmax(dim=-1, dtype=torch.float32).to(self.dtype)
         scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(self.dtype)
         return torch.matmul(probabilities, self.embed_tokens.weight) * scale
+
+    def rotary_tables(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer kind's ``cos``, ``sin`` at ``positions``, computed once per kind, not once per layer."""
+        kinds = {shape.kind: shape for shape in self.config.layers}
+        return {kind: self.rotary(positions, shape) for kind, shape in kinds.items()}
 
     def rotary(self, positions: torch.Tensor, shape: LayerShape) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos``, ``sin`` ``[tokens, 1, head_dim]`` of a layer kind, computed as transformers does."""
