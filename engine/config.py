@@ -55,9 +55,10 @@ class EngineConfig:
     # below that it reads: "threshold" | "low_confidence" (SGLang's) | "quota" | "low_confidence_static" |
     # "low_confidence_dynamic" (SDAR's, LLaDA2.0's) | "factor" (Fast-dLLM's) | "factor_prefix" (the paper's) |
     # "dream" (Dream's diffusion_generate) | "joint_threshold" (LLaDA2.1's token editing) | "entropy_bound"
-    # (DiffusionGemma's canvas sampler, the only rule of a canvas model)
+    # (DiffusionGemma's canvas sampler, the only rule of a canvas model) | "autoregressive" and "linear_spec"
+    # (Nemotron-Labs-Diffusion's causal token-by-token and self-speculative modes)
     decoding: str = "threshold"
-    threshold: float = 0.9
+    threshold: float = 0.9  # linear_spec: the draft's threshold, 0.0 allowed (every mask from one forward)
     factor: float = 1.0
     steps_per_block: int | None = None  # cap on steps per block; the fixed step count in quota/dream mode
     # (Dream's `steps`: Dream decodes its whole canvas as one block, block_length = max_new_tokens)
@@ -76,6 +77,9 @@ class EngineConfig:
     # that start with the same tokens (vLLM's name); None: on where it is exact (block-causal families)
     prefix_cache_tokens: int | None = None  # tokens of keys/values the prefix cache holds (whole blocks);
     # None: max_model_len's worth
+    # anchored families (Nemotron-Labs-Diffusion), the remote code's name: the prompt and each finished block are
+    # stored causally and each block is seeded by the context's next token; False: all bidirectional, no seed
+    causal_context: bool = True
     # decoding="entropy_bound" (DiffusionGemma), transformers' names; None: the checkpoint's, else
     # engine.rules.entropy_bound.CANVAS_DEFAULTS
     max_denoising_steps: int | None = None  # denoising steps a canvas takes at most
@@ -116,6 +120,8 @@ class EngineConfig:
         if self.prefix_cache_tokens is not None and (isinstance(self.prefix_cache_tokens, bool) or not isinstance(
                 self.prefix_cache_tokens, int) or self.prefix_cache_tokens < 0):
             _fail("prefix_cache_tokens", f"must be an int >= 0 or None, got {self.prefix_cache_tokens!r}")
+        if not isinstance(self.causal_context, bool):
+            _fail("causal_context", f"must be True or False, got {self.causal_context!r}")
         from engine.rules import DECODING_RULES, settings_problems  # loads the rule modules (and torch)
 
         if self.decoding not in DECODING_RULES:

@@ -30,7 +30,8 @@ class BlockServeEngine:
         self.token_budget = self.config.resolved_token_budget(lm.max_length)
         self.max_row_width = self.config.resolved_max_model_len(lm.max_length)
         self.rule = rule_for(self.config, lm.special_ids.mask_id, lm.logit_shift)
-        self.limits = AdmissionLimits(self.config.block_length, lm.vocab_size, lm.max_length,
+        self.scheduled_block = self.rule.scheduled_block(self.config.block_length)  # one scheduler block's tokens
+        self.limits = AdmissionLimits(self.scheduled_block, lm.vocab_size, lm.max_length,
                                       self.token_budget, self.max_row_width, lm.layout, self.rule.request_problem)
         check_arena_fits(lm, self.config)  # before allocating: a batch that cannot fit fails by name
         self.runner = runner_class(lm.layout.runner)(lm, self.config, self.max_row_width, self.rule)
@@ -63,7 +64,7 @@ class BlockServeEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = params if params is not None else SamplingParams()
         request = Request(request_id=request_id, prompt_token_ids=[], params=params,
-                          block_length=self.config.block_length,
+                          block_length=self.scheduled_block,
                           arrival_time=arrival_time if arrival_time is not None else time.time(),
                           sequence_number=number)
         self._requests[request_id] = request
@@ -106,7 +107,7 @@ class BlockServeEngine:
         """Tokenize and size the request; AdmissionError if it can never run."""
         request.prompt_token_ids = self.tokenize(prompt, request.params)
         request.lead, request.cap_blocks = self.lm.layout.answer_blocks(
-            request.prompt_length, request.params.max_new_tokens, self.config.block_length)
+            request.prompt_length, request.params.max_new_tokens, self.scheduled_block)
         request.canvas_blocks = request.cap_blocks
         request.seed = request.params.seed if request.params.seed is not None else (
             self._seed_source.getrandbits(31))

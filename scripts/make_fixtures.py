@@ -46,6 +46,7 @@ from engine.models.config import MoEConfig, TransformerConfig
 from engine.models.families import FAMILIES, CheckpointIds, family_named
 from engine.models.moe import Router
 from engine.models.transformer import BidirectionalTransformer
+from scripts import make_nemotron_fixture as nemotron
 from scripts.make_gemma_fixture import make_diffusion_gemma
 from tinylm import tokenizer as llada_tokenizer
 from tinylm.export import save_checkpoint
@@ -254,9 +255,14 @@ def make_gemma(directory: Path, generator: torch.Generator) -> None:
     make_diffusion_gemma(directory, generator, CHARACTERS)
 
 
+def make_nemotron(directory: Path, generator: torch.Generator) -> None:
+    nemotron.make_nemotron_labs_diffusion(directory, generator, build_chat_tokenizer(
+        nemotron.SPECIAL_TOKENS, nemotron.MASK, ""))
+
+
 MAKERS = {"llada": make_llada, "dream": make_dream, "sdar": make_sdar, "llada2": make_llada2,
-          "diffusion_gemma": make_gemma}  # by family name: every family of the registry has its fixture, written
-# in the registry's order
+          "diffusion_gemma": make_gemma, "nemotron_labs_diffusion": make_nemotron}  # by family name: every family of
+# the registry has its fixture, written in the registry's order
 
 
 def make_fixtures(out_dir: Path | str = DEFAULT_OUT, names: tuple[str, ...] = ()) -> tuple[Path, ...]:

@@ -9,6 +9,10 @@ A family's layout is one of two kinds:
   canvas); the answer's canvas starts from random tokens and attends to itself and to that context. A
   row sits left-aligned, its answer starts right after the prompt, and it decodes with the
   ``entropy_bound`` rule (``engine.rules.entropy_bound``) on its own runner (``engine.runner.canvas_runner``).
+* **Anchored** (Nemotron-Labs-Diffusion): a causal context (the prompt, then each finished block) is stored
+  once; the active block starts right after it, seeded by the context's next token, and is denoised
+  bidirectionally over it. A row sits left-aligned and runs on its own runner (``engine.runner.anchored_runner``),
+  which also runs it autoregressively or by linear speculation.
 * **Block-causal** (SDAR, LLaDA2): a position attends to its own block and every block before it, over
   blocks of the size the model was trained with, counted from the prompt's first token. A row sits
   left-aligned (column = position), the first answer block holds the prompt's last ``lead`` tokens,
@@ -23,8 +27,8 @@ from typing import Literal
 
 from engine.config import DEFAULT_BLOCK_LENGTH, EngineConfig, blocks_needed
 
-AttentionKind = Literal["bidirectional", "block_causal", "canvas"]
-ATTENTION_KINDS: tuple[AttentionKind, ...] = ("bidirectional", "block_causal", "canvas")
+AttentionKind = Literal["bidirectional", "block_causal", "canvas", "anchored"]
+ATTENTION_KINDS: tuple[AttentionKind, ...] = ("bidirectional", "block_causal", "canvas", "anchored")
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class RowLayout:
             raise ValueError(f"{self.family} attends block-causally with logits shifted by {self.logit_shift}: the "
                              "block-causal steps read each token's logits at its own column and would decode "
                              "wrong tokens, so this engine refuses the combination")
-        if (self.block_causal or self.decodes_canvases) and not self.trained_block:
+        if self.attention != "bidirectional" and not self.trained_block:
             raise ValueError(f"{self.family} attends {self.attention} but names no trained block size")
 
     @property
@@ -59,6 +63,11 @@ class RowLayout:
         return self.attention == "canvas"
 
     @property
+    def anchored(self) -> bool:
+        """Blocks anchored after a causal context, on the anchored runner."""
+        return self.attention == "anchored"
+
+    @property
     def own_rule(self) -> str | None:
         """The one decoding rule its model runs, which an unset ``EngineConfig.decoding`` becomes (None: any
         block rule it does not refuse)."""
@@ -67,18 +76,18 @@ class RowLayout:
     @property
     def runner(self) -> str:
         """The runner its rows step on (``engine.runner.interface.runner_class``)."""
-        return "canvas" if self.decodes_canvases else "blocks"
+        return "canvas" if self.decodes_canvases else "anchored" if self.anchored else "blocks"
 
     @property
     def caches_prefixes(self) -> bool:
         """A prompt's keys and values up to a position are exact for any request sharing those tokens (prefix
-        caching): its blocks attend causally to what came before, or a canvas model's encoder stores it causally."""
-        return self.block_causal or self.decodes_canvases
+        caching): its blocks attend causally to what came before, or a canvas or anchored model stores it causally."""
+        return self.block_causal or self.decodes_canvases or self.anchored
 
     @property
     def left_aligned(self) -> bool:
         """Rows sit from column 0 of their slot (column = position); else they end at its last column."""
-        return self.block_causal or self.decodes_canvases
+        return self.block_causal or self.decodes_canvases or self.anchored
 
     @property
     def stores_finished_blocks(self) -> bool:
@@ -96,8 +105,11 @@ class RowLayout:
         return 0 if self.left_aligned else slot_width - row_width
 
     def prefix_caching(self, config: EngineConfig) -> bool:
-        """Whether ``config`` caches prompt blocks: its own ``enable_prefix_caching``, else wherever that is exact."""
-        return self.caches_prefixes if config.enable_prefix_caching is None else config.enable_prefix_caching
+        """Whether ``config`` caches prompt blocks: its own ``enable_prefix_caching``, else wherever that is exact
+        (an anchored prompt only when stored causally)."""
+        if config.enable_prefix_caching is not None:
+            return config.enable_prefix_caching
+        return self.caches_prefixes and (config.causal_context or not self.anchored)
 
     def part_block_size(self, block_length: int) -> int | None:
         """The ``block_size`` of its step parts (``engine.models.step_inputs``): attention over blocks of
@@ -131,11 +143,30 @@ class RowLayout:
             return max(max_model_len // block_length * block_length - max_new_tokens, 0)
         return max(max_model_len - blocks_needed(max_new_tokens, block_length) * block_length, 0)
 
+    def request_problem(self, params: object) -> str | None:
+        """The request settings its runner does not take, as a message that starts with the field (None: fine)."""
+        if not self.anchored:
+            return None
+        refused = {"temperature": params.temperature != 0.0, "logit_bias": bool(params.logit_bias),
+                   "logprobs": params.logprobs is not None}
+        for name, set_ in refused.items():
+            if set_:
+                return (f"{name} is not offered for {self.family}: its rows decode greedily, as the checkpoint's "
+                        "own loops do at temperature 0; leave it unset")
+        return None
+
     def refusal(self, config: EngineConfig) -> str | None:
         """Why this layout cannot run ``config`` (naming the setting), or None."""
         if config.cache not in self.caches:
             return (f"EngineConfig.cache: {config.cache!r} is a cache mode of full-attention families; "
                     f"{self.family} attends block-causally and caches each finished block: leave cache at 'dual'")
+        if not config.causal_context and not self.anchored:
+            return (f"EngineConfig.causal_context=False: {self.family} has no causal context to switch off; the "
+                    "setting is Nemotron-Labs-Diffusion's")
+        if config.enable_prefix_caching and self.anchored and not config.causal_context:
+            return (f"EngineConfig.enable_prefix_caching: with causal_context=False {self.family} stores a prompt "
+                    "bidirectionally, so a prompt position's keys and values depend on the tokens after it and "
+                    "cannot be reused by another request: leave enable_prefix_caching unset")
         if config.enable_prefix_caching and not self.caches_prefixes:
             return (f"EngineConfig.enable_prefix_caching: {self.family} attends over the whole row, so a prompt "
                     "block's keys and values depend on the canvas after it and cannot be reused by another "

@@ -26,6 +26,8 @@ RULES = {
     "dream": "dream:Dream",
     "joint_threshold": "joint_threshold:JointThreshold",
     "entropy_bound": "entropy_bound:EntropyBound",
+    "autoregressive": "autoregressive:Autoregressive",
+    "linear_spec": "linear_spec:LinearSpec",
 }
 DECODING_RULES = tuple(RULES)
 # SamplingParams fields that only one rule reads -> that rule; a request that sets one for another is refused

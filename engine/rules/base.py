@@ -72,6 +72,11 @@ class DecodingRule:
         """``config`` with its unset settings taken from the checkpoint (most rules read none)."""
         return config
 
+    def scheduled_block(self, block_length: int) -> int:
+        """The tokens one of the scheduler's blocks spans: a block of ``block_length`` (1 for a rule that
+        commits runs of tokens, each run one of the scheduler's blocks)."""
+        return block_length
+
     def request_problem(self, params: Any) -> str | None:
         """Why a request's settings cannot run under this rule, as a message that starts with the field."""
         for name, owner in REQUEST_SETTINGS.items():

@@ -99,7 +99,11 @@ def with_most_confident(commit: torch.Tensor, confidence: torch.Tensor, masked: 
 
 
 def unit_threshold_problems(config: Any) -> list[tuple[str, str]]:
-    """``threshold`` must be a probability in (0, 1]."""
+    """``threshold`` must be a probability in (0, 1] (a rule that reads 0.0 too validates it itself)."""
+    from engine.rules import RULES, rule_class
+
+    if config.decoding in RULES and getattr(rule_class(config.decoding), "accepts_zero_threshold", False):
+        return []
     value = config.threshold
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
         return [("threshold", f"must be in (0, 1], got {value!r}")]

@@ -12,15 +12,20 @@ from typing import Protocol
 from engine.config import EngineConfig
 from engine.models.loader import DiffusionLM
 from engine.rules.base import DecodingRule
-from engine.runner.canvas_prefix_cache import CanvasPrefixCache
-from engine.runner.prefix_cache import PrefixCache
 from engine.scheduling.outputs import RunnerOutput, SchedulerOutput
+from engine.scheduling.prefix_index import PrefixIndex
 from engine.scheduling.request import Request
+
+
+class KeepsPrefixes(Protocol):
+    """A runner's prefix cache, as the engine and the scheduler read it."""
+
+    index: PrefixIndex  # which prompt blocks (or pages) it holds
 
 
 class Runner(Protocol):
     rule: DecodingRule  # the rule its rows decode with
-    prefix_cache: PrefixCache | CanvasPrefixCache | None  # the prompts' keys and values it keeps (None: none)
+    prefix_cache: KeepsPrefixes | None  # the prompts' keys and values it keeps (None: none)
 
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule) -> None: ...
 
@@ -32,11 +37,12 @@ class Runner(Protocol):
 
 
 def runner_class(name: str) -> type[Runner]:
-    """The runner a layout names: "blocks" or "canvas"."""
+    """The runner a layout names: "blocks", "canvas" or "anchored"."""
+    from engine.runner.anchored_runner import AnchoredRunner
     from engine.runner.canvas_runner import CanvasRunner
     from engine.runner.model_runner import ModelRunner
 
-    runners: dict[str, type[Runner]] = {"blocks": ModelRunner, "canvas": CanvasRunner}
+    runners: dict[str, type[Runner]] = {"blocks": ModelRunner, "canvas": CanvasRunner, "anchored": AnchoredRunner}
     if name not in runners:
         raise ValueError(f"unknown runner {name!r}; known: {sorted(runners)}")
     return runners[name]

@@ -20,12 +20,14 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
+from engine.models.anchored.model import AnchoredKVCache
 from engine.models.diffusion_gemma.kv_cache import CanvasKVCache, PagePool
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.models.part_attention import part_attention
 from engine.rules.entropy_bound import VOCAB_COPIES
 from engine.rules.proposals import NOISE_CHUNK_ELEMENTS
+from engine.runner.anchored_prefix_cache import AnchoredPrefixCache
 from engine.runner.canvas_prefix_cache import PAGE_LENGTH, pool_pages
 from engine.runner.canvas_runner import rows_per_chunk
 from engine.scheduling.model_fit import block_length_for
@@ -112,7 +114,26 @@ def block_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
         sampling_scratch_bytes=3 * INDEX_BYTES * NOISE_CHUNK_ELEMENTS)
 
 
-MEMORY_MODELS = {"blocks": block_memory_model, "canvas": canvas_memory_model}  # by RowLayout.runner
+def anchored_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
+    """The anchored runner: every layer's keys and values for each slot's columns; a step holds its spans'
+    activations, their attention box and the float32 logits of the positions its rows read (a block each)."""
+    model_config, dtype = lm.model.config, lm.dtype
+    slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
+    element = torch.empty((), dtype=dtype).element_size()
+    hidden, heads = model_config.hidden_size, model_config.num_heads
+    per_token = 6 * hidden + 3 * model_config.intermediate_size + heads * width
+    pool = 0
+    if lm.layout.prefix_caching(config):  # the prefix cache's pages: every layer's keys and values
+        pool = AnchoredPrefixCache.bytes_per_token(model_config, dtype) * pool_pages(config, width) * PAGE_LENGTH
+    return MemoryModel(
+        weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()),
+        arena_bytes=AnchoredKVCache.bytes_per_slot(model_config, width + 1, dtype) * slots + pool,
+        bytes_per_box_token=element * per_token,
+        logit_bytes_per_row=(element + 8) * block_length_for(config, lm) * model_config.vocab_size)
+
+
+MEMORY_MODELS = {"blocks": block_memory_model, "canvas": canvas_memory_model,
+                 "anchored": anchored_memory_model}  # by RowLayout.runner
 
 
 def gib(num_bytes: int) -> str:

@@ -153,7 +153,8 @@ class Request:
         """Its next block can still add to its own output: no stop token yet and under its block cap.
 
         False for a row a static batch keeps running past its EOS or cap (wasted work)."""
-        return not self.stopped_at_eos and self.block_index < self.cap_blocks
+        return (not self.stopped_at_eos and self.block_index < self.cap_blocks
+                and len(self.output_token_ids) < self.params.max_new_tokens)
 
     @property
     def needs_more_blocks(self) -> bool:

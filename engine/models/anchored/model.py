@@ -1,0 +1,156 @@
+"""An anchored-block model: one Ministral-3 stack that stores context causally and denoises blocks
+bidirectionally, both as spans of one forward (``engine.models.anchored.spans``), and one untied head.
+
+Each layer: RMSNorm, grouped-query attention with rotate-half RoPE at YaRN's frequencies (cos and sin
+times its attention factor) and Llama-4's per-position query scale after the rotation, a residual; RMSNorm,
+SwiGLU, a residual. Keys and values are cached per slot and column, column = position.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.anchored.config import AnchoredConfig
+from engine.models.anchored.spans import GroupPlan, SpanPlan, SpanStep, plan_spans, split_by_row
+from engine.models.layers import RMSNorm, attend, rotate_
+from engine.models.options import ModelOptions
+
+
+class AnchoredKVCache:
+    """Keys and values of every layer, ``[layers, slots, kv_heads, columns, head_dim]`` each."""
+
+    def __init__(self, config: AnchoredConfig, slots: int, columns: int, dtype: torch.dtype, device: torch.device):
+        shape = (config.num_layers, slots, config.num_kv_heads, columns, config.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_slot(config: AnchoredConfig, columns: int, dtype: torch.dtype) -> int:
+        element = torch.empty((), dtype=dtype).element_size()
+        return 2 * config.num_layers * config.num_kv_heads * columns * config.head_dim * element
+
+    def copy_columns(self, source: torch.Tensor, target_slot: int, count: int) -> None:
+        """Write ``count`` columns of keys and values (``source``: ``[2, layers, kv_heads, count, d]``)."""
+        self.keys[:, target_slot, :, :count] = source[0]
+        self.values[:, target_slot, :, :count] = source[1]
+
+    def columns(self, slot: int, count: int) -> torch.Tensor:
+        """A slot's first ``count`` columns, ``[2, layers, kv_heads, count, d]`` (a copy)."""
+        return torch.stack([self.keys[:, slot, :, :count], self.values[:, slot, :, :count]])
+
+
+class Attention(nn.Module):
+    def __init__(self, config: AnchoredConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, plan: SpanPlan, rotary: tuple[torch.Tensor, torch.Tensor],
+                query_scale: torch.Tensor | None, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.heads, self.head_dim)
+        k = self.k_proj(x).view(tokens, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(tokens, self.kv_heads, self.head_dim)
+        rotate_(q, *rotary)
+        rotate_(k, *rotary)
+        if query_scale is not None:
+            q = q * query_scale
+        keys[plan.write_slots, :, plan.positions] = k
+        values[plan.write_slots, :, plan.positions] = v
+        out = torch.empty((tokens, self.heads * self.head_dim), dtype=x.dtype, device=x.device)
+        for group in plan.groups:
+            out[group.packed] = self._attend_group(q, keys, values, group)
+        return self.o_proj(out)
+
+    def _attend_group(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: GroupPlan):
+        box = q.new_zeros((group.rows * group.span, self.heads, self.head_dim))
+        box[group.box] = q[group.packed]
+        box = box.view(group.rows, group.span, self.heads, self.head_dim)
+        out = attend(box, keys[group.slots, :, :group.width], values[group.slots, :, :group.width], group.mask)
+        return out[group.box]
+
+
+class Layer(nn.Module):
+    def __init__(self, config: AnchoredConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = nn.ModuleDict({name: nn.Linear(*shape, bias=False) for name, shape in (
+            ("gate_proj", (config.hidden_size, config.intermediate_size)),
+            ("up_proj", (config.hidden_size, config.intermediate_size)),
+            ("down_proj", (config.intermediate_size, config.hidden_size)))})
+
+    def forward(self, x, plan, rotary, query_scale, keys, values):
+        x = x + self.self_attn(self.input_layernorm(x), plan, rotary, query_scale, keys, values)
+        h = self.post_attention_layernorm(x)
+        return x + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](h)) * self.mlp["up_proj"](h))
+
+
+class AnchoredTransformer(nn.Module):
+    def __init__(self, config: AnchoredConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.options = ModelOptions()
+        self._rope: tuple[torch.Tensor, float] | None = None  # computed on first use (the loader builds on meta)
+
+    # -- what the loader and the engine ask of any model --------------------------------------------
+    def tie_weights(self) -> None:
+        pass  # the head is untied
+
+    def apply_options(self, options: ModelOptions) -> None:
+        """Batch-invariant mode runs each row's span alone. Compiled steps are not built for this model."""
+        if options.compile:
+            raise ValueError("compile=True: anchored-block models (Nemotron-Labs-Diffusion) run eagerly in this "
+                             "engine; load them with compile=False")
+        self.options = options
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self.named_parameters())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    # -- the forward -------------------------------------------------------------------------------
+    def span_logits(self, step: SpanStep, cache: AnchoredKVCache) -> torch.Tensor:
+        """Run every row's span, writing its keys and values; float32 logits at ``step.logit_index``,
+        ``[positions, vocab]``. Batch-invariant mode runs each row alone, its head too."""
+        if self.options.batch_invariant and step.num_rows > 1:
+            return torch.cat([self.span_logits(row, cache) for row in split_by_row(step)])
+        return self.head(self.span_hidden(step, cache)).float()
+
+    def span_hidden(self, step: SpanStep, cache: AnchoredKVCache) -> torch.Tensor:
+        """Run every row's span, writing its keys and values; the final normed hidden states at
+        ``step.logit_index``, ``[positions, hidden]``."""
+        plan = plan_spans(step, step.tokens.device)
+        rotary, query_scale = self.rotary(plan)
+        x = self.embed_tokens(step.tokens)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, plan, rotary, query_scale, cache.keys[index], cache.values[index])
+        return self.norm(x[step.logit_index])
+
+    def rotary(self, plan: SpanPlan) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
+        """``cos`` and ``signed_sin`` ``[tokens, 1, head_dim]`` at the spans' positions, as transformers builds
+        them (float32 angles, times the rope's attention factor, cast to the model's dtype), and the query
+        scale ``[tokens, 1, 1]`` (None where it is 1.0 for every position of the step)."""
+        if self._rope is None:
+            inverse, factor = self.config.inverse_frequencies()
+            self._rope = (inverse.to(plan.positions.device), factor)
+        inverse, factor = self._rope
+        angles = plan.positions[:, None].float() * inverse
+        cos, sin = angles.cos() * factor, angles.sin() * factor
+        tables = (torch.cat([cos, cos], -1)[:, None].to(self.dtype), torch.cat([-sin, sin], -1)[:, None].to(self.dtype))
+        beta, span = self.config.query_scale_beta, self.config.query_scale_span
+        if beta is None or plan.max_position < span:
+            return tables, None
+        scale = 1 + beta * torch.log(1 + torch.floor(plan.positions.float() / span))
+        return tables, scale[:, None, None].to(self.dtype)

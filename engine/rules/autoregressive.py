@@ -1,0 +1,45 @@
+"""``autoregressive``: one token per causal forward, the argmax of the context's next position.
+
+This is Nemotron-Labs-Diffusion's ``ar_generate`` at temperature 0. Its rows run on the anchored runner
+(``engine.runner.anchored_runner``): each step stores the row's last token causally and reads the logits
+of that one position. The scheduler's blocks are single tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from engine.rules.base import DecodingRule
+
+CAUSAL_SCHEDULES = ("continuous", "block_sync")  # a static or shrinking batch shares one canvas of blocks
+
+
+def causal_mode_problems(name: str, config: Any) -> list[tuple[str, str]]:
+    """What a rule that stores every token causally needs of ``config``."""
+    problems = []
+    if config.schedule not in CAUSAL_SCHEDULES:
+        problems.append(("schedule", f"{config.schedule!r} shares one canvas of blocks across a batch; "
+                                     f"decoding={name!r} commits tokens one run at a time: use 'continuous'"))
+    if config.causal_context is False:
+        problems.append(("causal_context", f"decoding={name!r} is causal by definition: leave causal_context True"))
+    return problems
+
+
+@dataclass(frozen=True)
+class Autoregressive(DecodingRule):
+    name: ClassVar[str] = "autoregressive"
+    attentions: ClassVar[tuple[str, ...]] = ("anchored",)
+
+    @classmethod
+    def requirement_problems(cls, config: Any) -> list[tuple[str, str]]:
+        return causal_mode_problems(cls.name, config)
+
+    def scheduled_block(self, block_length: int) -> int:
+        return 1
+
+    @staticmethod
+    def next_tokens(logits: torch.Tensor) -> torch.Tensor:
+        """``[rows]`` each row's next token from its last position's logits ``[rows, vocab]``."""
+        return logits.argmax(dim=-1)

@@ -1,0 +1,226 @@
+"""Runs one step of anchored-block rows (Nemotron-Labs-Diffusion) and owns their state. No policy.
+
+Every row runs one span per step (``engine.models.anchored.spans``), whatever the others do, in one forward:
+
+* a **store** writes its pending tokens' keys and values: the prompt when it joins, then each finished
+  block. Causally (``causal_context``), its last position's argmax seeds the next block; an
+  autoregressive row's store is its whole step, its argmax the next token;
+* a **denoising** step runs the active block bidirectionally over the stored context, and the decoding
+  rule (``threshold``) commits its masks. A block is complete when the rule makes it final, or once it
+  holds a stop token with no mask before it (the checkpoint's own loop stops there);
+* with prefix caching a joining row starts from its prompt's cached pages (``anchored_prefix_cache``);
+* under ``linear_spec`` a row **drafts** its next block bidirectionally, then **verifies** it with one causal
+  store, accepts the run the rule counts and keeps the cache up to it (its context ends there).
+
+The scheduler sees a completed block per finished block, per autoregressive token, or per accepted run.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import EngineConfig
+from engine.models.anchored.model import AnchoredKVCache
+from engine.models.anchored.spans import SpanStep
+from engine.models.loader import DiffusionLM
+from engine.rules.autoregressive import Autoregressive
+from engine.rules.base import BlockView, DecodingRule
+from engine.rules.linear_spec import LinearSpec
+from engine.rules.proposals import propose_tokens
+from engine.runner.anchored_prefix_cache import AnchoredPrefixCache
+from engine.runner.canvas_prefix_cache import pool_pages
+from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
+from engine.scheduling.request import Request, first_stop
+from engine.scheduling.trace import ForwardRecord
+
+
+@dataclass
+class AnchoredRow:
+    """A running request's place in the cache and its active block."""
+
+    slot: int
+    max_new_tokens: int
+    pending: list[int] = field(default_factory=list)  # tokens its next forward stores
+    context: int = 0  # positions stored in its cache slot
+    block: list[int] | None = None  # the active block (denoised or drafted), None while storing
+    step_in_block: int = 0
+    generated: int = 0  # tokens it has reported
+
+
+@dataclass(frozen=True)
+class _Span:
+    request: Request
+    row: AnchoredRow
+    kind: str  # "store" | "denoise" | "draft" | "verify"
+    tokens: list[int]
+    causal: bool
+    logit_offsets: tuple[int, ...]
+
+
+class AnchoredRunner:
+    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule):
+        self.lm, self.model, self.rule = lm, lm.model, rule
+        self.block_length = config.block_length
+        self.causal_context = config.causal_context
+        self.mask_id, self.stop_ids = lm.special_ids.mask_id, lm.special_ids.stop_ids
+        self.cache = AnchoredKVCache(self.model.config, config.max_batch_size, max_row_width + 1, lm.dtype, lm.device)
+        self.prefix_cache = (AnchoredPrefixCache(self.model.config, self.cache, pool_pages(config, max_row_width))
+                             if config.enable_prefix_caching else None)
+        self._mask_index = torch.tensor([self.mask_id], device=lm.device)
+        self.free_slots = list(range(config.max_batch_size))
+        self.rows: dict[str, AnchoredRow] = {}
+
+    @torch.no_grad()
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        for request in scheduled.admitted:
+            slot = self.free_slots.pop(0)
+            cached = self.prefix_cache.reuse(request, slot) if self.prefix_cache is not None else 0
+            self.rows[request.request_id] = AnchoredRow(slot, request.params.max_new_tokens, context=cached,
+                                                        pending=list(request.prompt_token_ids[cached:]))
+        if self.prefix_cache is not None and scheduled.admitted:
+            self.prefix_cache.claim(scheduled.admitted, [self.rows[r.request_id].slot for r in scheduled.admitted])
+        requests = [*scheduled.refresh, *scheduled.window]
+        if not requests:
+            return RunnerOutput(rows={}, model_time_s=0.0)
+        started = time.perf_counter()
+        spans = [self._span(request, self.rows[request.request_id]) for request in requests]
+        step = self._step(spans)
+        logits = self.model.span_logits(step, self.cache)
+        if self.prefix_cache is not None:
+            self.prefix_cache.fill()
+        results = self._results(spans, logits)
+        return RunnerOutput(rows=results, model_time_s=time.perf_counter() - started, record=self._record(spans))
+
+    def release(self, finished: list[Request]) -> None:
+        for request in finished:
+            row = self.rows.pop(request.request_id, None)
+            if row is not None:
+                self.free_slots.append(row.slot)
+
+    # -- one row's span --------------------------------------------------------------------------------
+    def _span(self, request: Request, row: AnchoredRow) -> _Span:
+        if row.pending:
+            causal = self.causal_context or isinstance(self.rule, (Autoregressive, LinearSpec))
+            offsets = (len(row.pending) - 1,) if causal else ()
+            return _Span(request, row, "store", row.pending, causal, offsets)
+        every = tuple(range(len(row.block)))
+        if isinstance(self.rule, LinearSpec):
+            drafted = self.mask_id not in row.block
+            return _Span(request, row, "verify" if drafted else "draft", row.block, drafted, every)
+        return _Span(request, row, "denoise", row.block, False, every)
+
+    def _step(self, spans: list[_Span]) -> SpanStep:
+        logit_index, offset = [], 0
+        for span in spans:
+            logit_index += [offset + index for index in span.logit_offsets]
+            offset += len(span.tokens)
+        device = self.lm.device
+        return SpanStep(torch.tensor([t for span in spans for t in span.tokens], device=device),
+                        tuple(span.row.slot for span in spans), tuple(span.row.context for span in spans),
+                        tuple(len(span.tokens) for span in spans), tuple(span.causal for span in spans),
+                        torch.tensor(logit_index, dtype=torch.long, device=device))
+
+    # -- what the step did ------------------------------------------------------------------------------
+    def _results(self, spans: list[_Span], logits: torch.Tensor) -> dict[str, RowResult]:
+        """Each row's new tokens from its logits, with one host copy for the whole step."""
+        pieces, start = [], 0
+        for span in spans:
+            pieces.append(logits[start:start + len(span.logit_offsets)])
+            start += len(span.logit_offsets)
+        host = self._decide(spans, pieces)
+        return {span.request.request_id: self._advance(span, values) for span, values in zip(spans, host)}
+
+    def _decide(self, spans: list[_Span], pieces: list[torch.Tensor]) -> list[list[int]]:
+        """Per row on the device, then copied once: a store's next token, a verify's argmax run, a denoising
+        or drafting step's block."""
+        denoising = [i for i, span in enumerate(spans) if span.kind in ("denoise", "draft")]
+        decided: dict[int, torch.Tensor] = {}
+        for i, span in enumerate(spans):
+            if span.kind in ("store", "verify") and span.logit_offsets:  # MASK is never an output
+                decided[i] = pieces[i].index_fill(-1, self._mask_index, float("-inf")).argmax(dim=-1)
+        if denoising:
+            width = max(len(spans[i].tokens) for i in denoising)  # drafts near an answer's end are shorter
+            padding = self.stop_ids[0]  # never a mask: a padded position commits nothing
+            blocks = torch.tensor([spans[i].tokens + [padding] * (width - len(spans[i].tokens)) for i in denoising],
+                                  device=self.lm.device)
+            logits = torch.stack([torch.nn.functional.pad(pieces[i], (0, 0, 0, width - len(pieces[i])))
+                                  for i in denoising])
+            candidates, confidence = propose_tokens(logits, self.mask_id)
+            masked = blocks == self.mask_id
+            if isinstance(self.rule, LinearSpec):
+                tokens = torch.where(self.rule.draft(candidates, confidence, masked), candidates, blocks)
+            else:
+                steps = torch.tensor([spans[i].row.step_in_block for i in denoising], device=blocks.device)
+                tokens = self.rule.step(BlockView(blocks, candidates, confidence, None, steps)).tokens
+            for i, row_tokens in zip(denoising, tokens):
+                decided[i] = row_tokens[:len(spans[i].tokens)]
+        flat = [decided.get(i, torch.empty(0, dtype=torch.long, device=self.lm.device)) for i in range(len(spans))]
+        lengths = [len(piece) for piece in flat]
+        values = torch.cat(flat).tolist() if flat else []
+        out, start = [], 0
+        for length in lengths:
+            out.append(values[start:start + length])
+            start += length
+        return out
+
+    def _advance(self, span: _Span, values: list[int]) -> RowResult:
+        row = span.row
+        if span.kind == "store":
+            row.context, row.pending = row.context + len(span.tokens), []
+            if isinstance(self.rule, Autoregressive):
+                row.pending = values
+                return self._report(row, values)
+            seed = values[:1]
+            if isinstance(self.rule, LinearSpec):  # the prompt's next token is the first output token
+                result = self._report(row, seed)
+                self._start_block(row, seed)
+                return result
+            self._start_block(row, seed)
+            return RowResult(False, None, None)
+        if span.kind == "verify":
+            run = values[:self.rule.accepted(span.tokens, values)]
+            row.context += len(run)
+            result = self._report(row, run)
+            self._start_block(row, run[-1:])
+            return result
+        row.block, row.step_in_block = values, row.step_in_block + 1
+        if span.kind == "draft" or not self._block_done(span.request, values):
+            return RowResult(False, None, None)
+        row.pending, row.block = values, None
+        return self._report(row, values)
+
+    def _start_block(self, row: AnchoredRow, seed: list[int]) -> None:
+        """The next active block: its seed, then masks. A speculative row drafts no further than its
+        answer can use (greedy speculation is lossless, so a shorter draft changes no token)."""
+        length = self.block_length
+        if isinstance(self.rule, LinearSpec):
+            length = max(1, min(length, row.max_new_tokens - row.generated + len(seed)))
+        row.block = seed + [self.mask_id] * (length - len(seed))
+        row.step_in_block = 0
+
+    def _block_done(self, request: Request, block: list[int]) -> bool:
+        masks = [i for i, token in enumerate(block) if token == self.mask_id]
+        if not masks:
+            return True
+        stop = first_stop(block, self.stop_ids)
+        return request.params.stop_at_eos and stop is not None and stop < masks[0]
+
+    def _report(self, row: AnchoredRow, tokens: list[int]) -> RowResult:
+        row.generated += len(tokens)
+        return RowResult(True, first_stop(tokens, self.stop_ids), tokens)
+
+    @staticmethod
+    def _record(spans: list[_Span]) -> ForwardRecord:
+        stores = [span for span in spans if span.kind == "store"]
+        others = [span for span in spans if span.kind != "store"]
+        store_width = max((len(span.tokens) for span in stores), default=0)
+        other_width = max((len(span.tokens) for span in others), default=0)
+        return ForwardRecord(
+            refresh_rows=len(stores), refresh_width=store_width, window_rows=len(others), window_tokens=other_width,
+            window_context=max((span.row.context + len(span.tokens) for span in others), default=0),
+            logit_positions=sum(len(span.logit_offsets) for span in spans),
+            real_tokens=sum(span.row.context + len(span.tokens) for span in spans),
+            refresh_pad_tokens=sum(store_width - len(span.tokens) for span in stores),
+            window_pad_tokens=sum(other_width - len(span.tokens) for span in others))
