@@ -1,5 +1,5 @@
-"""The batch job on the block-causal and canvas families: each family's shipped GPU config, pointed at its tiny
-fixture on the CPU, runs ``python -m pipeline.run`` end to end as its own process, joined to the
+"""The batch job on the block-causal, canvas and anchored families: each family's shipped GPU config, pointed
+at its tiny fixture on the CPU, runs ``python -m pipeline.run`` end to end as its own process, joined to the
 session's Ray cluster (``RAY_ADDRESS``), as ``ray job submit`` would run it."""
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tests.pipeline_helpers import REPO_ROOT, demo_rows, read_outputs
 @pytest.mark.parametrize("name, fixture, extra", [
     ("sdar-8b-chat", "tiny-sdar", []), ("llada2-mini", "tiny-llada2", []),
     ("diffusiongemma-26b-a4b", "tiny-diffusion_gemma", ["engine.block_length=null", "engine.max_denoising_steps=4"]),
+    ("nemotron-labs-diffusion-8b", "tiny-nemotron_labs_diffusion", ["engine.block_length=null"]),
 ])
 def test_a_block_familys_shipped_config_runs_end_to_end_on_the_cpu(ray_cluster, tmp_path, name, fixture, extra):
     """The GPU config of each block-causal family, pointed at its tiny fixture on the CPU: every row once."""

@@ -47,7 +47,7 @@ def stats_of(output: Path) -> dict:
 # --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["tiny-cpu", "llada-8b-instruct", "dream-7b-instruct", "sdar-8b-chat",
-                                  "llada2-mini"])
+                                  "llada2-mini", "nemotron-labs-diffusion-8b"])
 def test_shipped_configs_validate(name):
     config = load_config(REPO_ROOT / "configs" / f"{name}.yaml")
     assert config.uses_gpus == (name != "tiny-cpu")

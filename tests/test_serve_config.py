@@ -26,7 +26,7 @@ def test_a_server_reachable_beyond_loopback_refuses_to_start_without_a_key(monke
 
 
 @pytest.mark.parametrize("name", ["serve-tiny.yaml", "serve-llada-8b.yaml", "serve-sdar-8b.yaml",
-                                  "serve-diffusiongemma-26b-a4b.yaml"])
+                                  "serve-diffusiongemma-26b-a4b.yaml", "serve-nemotron-labs-diffusion-8b.yaml"])
 def test_serve_configs_validate(name):
     from ray.serve.schema import ServeDeploySchema
 

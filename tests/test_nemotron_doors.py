@@ -1,0 +1,70 @@
+"""Nemotron-Labs-Diffusion through the doors: the real OpenAIServer over a real EngineLoop (its self-speculative
+mode batched), and ``map_batches(BlockServeActor)`` on the session's Ray cluster (its dLM mode). Answers equal
+``engine.generate``; a stream sends one chunk per accepted run; a setting the anchored rows do not take is a 400
+that names it. The batch job runs its shipped config in ``tests/test_block_causal_pipeline.py``."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actors.serving.openai.protocol import CompletionRequest, OpenAIError
+from engine import BlockServeEngine, EngineConfig, SamplingParams
+from tests.conftest import FIXTURES
+from tests.serve_helpers import openai_server_without_ray
+
+MODEL = "tiny-nemotron_labs_diffusion"
+SPECULATIVE = {"max_batch_size": 4, "decoding": "linear_spec", "threshold": 0.0}
+PROMPT = "the quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from openai_server_without_ray(FIXTURES / MODEL, MODEL, SPECULATIVE)
+
+
+def completion(server, **fields):
+    return asyncio.run(server.completions(CompletionRequest.model_validate({"model": MODEL, "prompt": PROMPT,
+                                                                            **fields})))
+
+
+def test_a_completion_equals_engine_generate_and_a_stream_sends_each_accepted_run(server):
+    engine = BlockServeEngine(server.loop.engine.lm, EngineConfig(**SPECULATIVE))
+    expected = engine.generate([PROMPT], SamplingParams(max_new_tokens=20, stop_at_eos=False))[0]
+    answer = completion(server, max_tokens=20, ignore_eos=True)
+    assert answer.choices[0].text == expected.text and answer.usage.completion_tokens == 20
+
+    async def collect():
+        request = CompletionRequest.model_validate({"model": MODEL, "prompt": PROMPT, "max_tokens": 20,
+                                                    "ignore_eos": True, "stream": True})
+        return [event async for event in await server.completions(request)]
+
+    events = asyncio.run(collect())
+    assert events[-1] == "data: [DONE]\n\n" and len(events) - 1 == expected.num_blocks  # the prompt's next token,
+    # then one chunk per verified run
+
+
+@pytest.mark.parametrize("field, value", [("temperature", 0.7), ("logprobs", 2), ("logit_bias", {"5": 1.0})])
+def test_a_setting_the_anchored_rows_do_not_take_is_a_400_naming_it(server, field, value):
+    with pytest.raises(OpenAIError, match=f"{field} is not offered for nemotron_labs_diffusion") as refused:
+        completion(server, max_tokens=4, **{field: value})
+    assert refused.value.status == 400 and refused.value.param == field
+
+
+def test_map_batches_with_blockserve_actor_equals_engine_generate(ray_cluster):
+    import ray
+
+    from actors import BlockServeActor
+
+    engine_settings = {"max_batch_size": 4, "decoding": "threshold", "threshold": 0.5}
+    prompts = [f"{word} jumps over the lazy dog" for word in ("a", "one", "the brown", "every quick", "no")]
+    ds = ray.data.from_items([{"key": i, "prompt": prompt} for i, prompt in enumerate(prompts)]).map_batches(
+        BlockServeActor, batch_size=3, num_cpus=0.25, compute=ray.data.ActorPoolStrategy(size=1),
+        fn_constructor_kwargs={"model": str(FIXTURES / MODEL), "engine": engine_settings,
+                               "sampling": {"max_new_tokens": 24}, "torch_threads": 1})
+    ds.context.execution_options.preserve_order = True
+    rows = ds.take_all()
+    expected = BlockServeEngine.from_pretrained(FIXTURES / MODEL, EngineConfig(**engine_settings)).generate(
+        prompts, SamplingParams(max_new_tokens=24))
+    assert [list(row["generated_tokens"]) for row in rows] == [output.token_ids for output in expected]
+    assert all(row["__inference_error__"] == "" for row in rows)
