@@ -1,7 +1,8 @@
 """Nemotron-Labs-Diffusion through the doors: the real OpenAIServer over a real EngineLoop (its self-speculative
 mode batched), and ``map_batches(BlockServeActor)`` on the session's Ray cluster (its dLM mode). Answers equal
-``engine.generate``; a stream sends one chunk per accepted run; a setting the anchored rows do not take is a 400
-that names it. The batch job runs its shipped config in ``tests/test_block_causal_pipeline.py``."""
+``engine.generate``; a stream sends one chunk per accepted run; a temperature is a 400 that names it, and
+log-probabilities come with every token. The batch job runs its shipped config in
+``tests/test_block_causal_pipeline.py``."""
 from __future__ import annotations
 
 import asyncio
@@ -44,11 +45,13 @@ def test_a_completion_equals_engine_generate_and_a_stream_sends_each_accepted_ru
     # then one chunk per verified run
 
 
-@pytest.mark.parametrize("field, value", [("temperature", 0.7), ("logprobs", 2), ("logit_bias", {"5": 1.0})])
-def test_a_setting_the_anchored_rows_do_not_take_is_a_400_naming_it(server, field, value):
-    with pytest.raises(OpenAIError, match=f"{field} is not offered for nemotron_labs_diffusion") as refused:
-        completion(server, max_tokens=4, **{field: value})
-    assert refused.value.status == 400 and refused.value.param == field
+def test_a_temperature_is_a_400_naming_it_and_logprobs_come_with_each_token(server):
+    with pytest.raises(OpenAIError, match="temperature is not offered for nemotron_labs_diffusion") as refused:
+        completion(server, max_tokens=4, temperature=0.7)
+    assert refused.value.status == 400 and refused.value.param == "temperature"
+    answer = completion(server, max_tokens=6, ignore_eos=True, logprobs=2)
+    assert len(answer.choices[0].logprobs.token_logprobs) == 6
+    assert all(logprob <= 0.0 for logprob in answer.choices[0].logprobs.token_logprobs)
 
 
 def test_map_batches_with_blockserve_actor_equals_engine_generate(ray_cluster):

@@ -130,6 +130,31 @@ def test_in_bf16_batch_invariant_mode_a_batched_row_answers_as_it_does_alone(set
     assert [output.token_ids for output in batched] == [output.token_ids for output in alone]
 
 
+def test_log_probabilities_are_each_tokens_own_and_speculation_gives_autoregressive_ones():
+    """float64: a token's log-probability is the greedy top alternative's, at the step it was committed; a
+    speculative row's come from its verify forward, which computes what the autoregressive step does."""
+    lm = load_model(NEMOTRON_DIR, dtype="float64")
+    prompts = REMOTE_CODE["prompts"][:4]
+    params = SamplingParams(max_new_tokens=17, stop_at_eos=False, logprobs=3)
+    runs = {decoding: BlockServeEngine(lm, EngineConfig(decoding=decoding, threshold=0.5, max_batch_size=3)).generate(
+        prompts, params) for decoding in ("threshold", "autoregressive", "linear_spec")}
+    for outputs in runs.values():
+        for output in outputs:
+            assert [entry.token_id for entry in output.logprobs] == output.token_ids
+            assert all(entry.top[0][0] == entry.token_id and entry.top[0][1] == entry.logprob and len(entry.top) == 3
+                       for entry in output.logprobs)
+    for spec, ar in zip(runs["linear_spec"], runs["autoregressive"]):
+        assert [entry.logprob for entry in spec.logprobs] == pytest.approx([entry.logprob for entry in ar.logprobs],
+                                                                            abs=1e-9)
+
+
+@pytest.mark.parametrize("decoding", ["threshold", "autoregressive", "linear_spec"])
+def test_a_logit_bias_steers_every_mode(lm, decoding):
+    engine = BlockServeEngine(lm, EngineConfig(decoding=decoding, threshold=0.5))
+    (output,) = engine.generate([[4, 8, 15, 16]], SamplingParams(max_new_tokens=12, logit_bias={7: 100.0}))
+    assert output.token_ids == [7] * 12
+
+
 def test_a_speculative_row_accepts_its_verified_run_up_to_the_first_disagreement():
     assert LinearSpec.accepted([7, 1, 2, 3], [1, 2, 9, 4]) == 3  # 1 and 2 match the draft, 9 is the bonus
     assert LinearSpec.accepted([7, 1, 2, 3], [5, 2, 3, 4]) == 1  # only the bonus

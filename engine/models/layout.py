@@ -147,12 +147,9 @@ class RowLayout:
         """The request settings its runner does not take, as a message that starts with the field (None: fine)."""
         if not self.anchored:
             return None
-        refused = {"temperature": params.temperature != 0.0, "logit_bias": bool(params.logit_bias),
-                   "logprobs": params.logprobs is not None}
-        for name, set_ in refused.items():
-            if set_:
-                return (f"{name} is not offered for {self.family}: its rows decode greedily, as the checkpoint's "
-                        "own loops do at temperature 0; leave it unset")
+        if params.temperature != 0.0:
+            return (f"temperature is not offered for {self.family}: its rows decode greedily, as the checkpoint's "
+                    "own loops do at temperature 0; leave it unset")
         return None
 
     def refusal(self, config: EngineConfig) -> str | None:

@@ -31,8 +31,9 @@ from engine.rules.linear_spec import LinearSpec
 from engine.rules.proposals import propose_tokens
 from engine.runner.anchored_prefix_cache import AnchoredPrefixCache
 from engine.runner.canvas_prefix_cache import pool_pages
+from engine.runner.logit_processors import dense_bias, token_logprobs
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
-from engine.scheduling.request import Request, first_stop
+from engine.scheduling.request import Request, TokenLogprob, first_stop
 from engine.scheduling.trace import ForwardRecord
 
 
@@ -45,6 +46,7 @@ class AnchoredRow:
     pending: list[int] = field(default_factory=list)  # tokens its next forward stores
     context: int = 0  # positions stored in its cache slot
     block: list[int] | None = None  # the active block (denoised or drafted), None while storing
+    block_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # its positions', as committed
     step_in_block: int = 0
     generated: int = 0  # tokens it has reported
 
@@ -124,13 +126,35 @@ class AnchoredRunner:
 
     # -- what the step did ------------------------------------------------------------------------------
     def _results(self, spans: list[_Span], logits: torch.Tensor) -> dict[str, RowResult]:
-        """Each row's new tokens from its logits, with one host copy for the whole step."""
+        """Each row's new tokens from its (biased) logits, with one host copy for the whole step, and one more
+        for the log-probabilities of rows that ask for them."""
         pieces, start = [], 0
         for span in spans:
-            pieces.append(logits[start:start + len(span.logit_offsets)])
+            piece = logits[start:start + len(span.logit_offsets)]
+            if span.request.params.logit_bias:  # before everything: every decision sees the biased logits
+                piece = piece + dense_bias([span.request.params.logit_bias], piece.shape[-1], piece.dtype,
+                                           piece.device)
+            pieces.append(piece)
             start += len(span.logit_offsets)
         host = self._decide(spans, pieces)
-        return {span.request.request_id: self._advance(span, values) for span, values in zip(spans, host)}
+        logprobs = self._logprobs(spans, pieces, host)
+        return {span.request.request_id: self._advance(span, values, row_logprobs)
+                for span, values, row_logprobs in zip(spans, host, logprobs)}
+
+    def _logprobs(self, spans: list[_Span], pieces: list[torch.Tensor], host: list[list[int]]
+                  ) -> list[list[TokenLogprob] | None]:
+        """Per row that asks: each computed position's token's log-probability and its top alternatives."""
+        asked = [i for i, span in enumerate(spans)
+                 if span.request.params.logprobs is not None and host[i] and span.kind != "draft"]
+        out: list[list[TokenLogprob] | None] = [None] * len(spans)
+        for i in asked:
+            num_top = spans[i].request.params.logprobs
+            tokens = torch.tensor(host[i], device=pieces[i].device)
+            chosen, values, ids = (t[0].tolist() for t in token_logprobs(pieces[i][None], self.mask_id,
+                                                                           tokens[None], num_top))
+            out[i] = [TokenLogprob(token, logprob, tuple(zip(top_ids, top_values)))
+                      for token, logprob, top_ids, top_values in zip(host[i], chosen, ids, values)]
+        return out
 
     def _decide(self, spans: list[_Span], pieces: list[torch.Tensor]) -> list[list[int]]:
         """Per row on the device, then copied once: a store's next token, a verify's argmax run, a denoising
@@ -165,31 +189,35 @@ class AnchoredRunner:
             start += length
         return out
 
-    def _advance(self, span: _Span, values: list[int]) -> RowResult:
+    def _advance(self, span: _Span, values: list[int], logprobs: list[TokenLogprob] | None) -> RowResult:
         row = span.row
         if span.kind == "store":
             row.context, row.pending = row.context + len(span.tokens), []
             if isinstance(self.rule, Autoregressive):
                 row.pending = values
-                return self._report(row, values)
+                return self._report(row, values, logprobs)
             seed = values[:1]
             if isinstance(self.rule, LinearSpec):  # the prompt's next token is the first output token
-                result = self._report(row, seed)
+                result = self._report(row, seed, logprobs)
                 self._start_block(row, seed)
                 return result
             self._start_block(row, seed)
+            row.block_logprobs = (logprobs or [None])[:1] + [None] * (len(row.block) - 1)
             return RowResult(False, None, None)
         if span.kind == "verify":
             run = values[:self.rule.accepted(span.tokens, values)]
             row.context += len(run)
-            result = self._report(row, run)
+            result = self._report(row, run, logprobs[:len(run)] if logprobs else None)
             self._start_block(row, run[-1:])
             return result
+        if logprobs and span.kind == "denoise":  # a position's log-probability is the one it was committed at
+            row.block_logprobs = [logprobs[j] if token == self.mask_id and values[j] != self.mask_id else kept
+                                  for j, (token, kept) in enumerate(zip(span.tokens, row.block_logprobs))]
         row.block, row.step_in_block = values, row.step_in_block + 1
         if span.kind == "draft" or not self._block_done(span.request, values):
             return RowResult(False, None, None)
         row.pending, row.block = values, None
-        return self._report(row, values)
+        return self._report(row, values, row.block_logprobs if logprobs else None)
 
     def _start_block(self, row: AnchoredRow, seed: list[int]) -> None:
         """The next active block: its seed, then masks. A speculative row drafts no further than its
@@ -207,9 +235,9 @@ class AnchoredRunner:
         stop = first_stop(block, self.stop_ids)
         return request.params.stop_at_eos and stop is not None and stop < masks[0]
 
-    def _report(self, row: AnchoredRow, tokens: list[int]) -> RowResult:
+    def _report(self, row: AnchoredRow, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> RowResult:
         row.generated += len(tokens)
-        return RowResult(True, first_stop(tokens, self.stop_ids), tokens)
+        return RowResult(True, first_stop(tokens, self.stop_ids), tokens, logprobs)
 
     @staticmethod
     def _record(spans: list[_Span]) -> ForwardRecord:
