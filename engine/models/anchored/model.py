@@ -12,9 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.anchored.config import AnchoredConfig
-from engine.models.anchored.spans import GroupPlan, SpanPlan, SpanStep, plan_spans, split_by_row
+from engine.models.anchored.spans import SpanPlan, SpanStep, plan_spans, split_by_row
 from engine.models.layers import RMSNorm, attend, rotate_
 from engine.models.options import ModelOptions
+
+Groups = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]  # per group of rows: packed
+# token indices, their box indices, the rows' slots, the mask [rows, 1, span, width] (engine.models.anchored.spans)
+COMPILED_GRAPHS = 8  # graphs dynamo keeps per thread: span groups (one or two) x the step kinds a run meets
 
 
 class AnchoredKVCache:
@@ -49,29 +53,31 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, plan: SpanPlan, rotary: tuple[torch.Tensor, torch.Tensor],
-                query_scale: torch.Tensor | None, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor, groups: Groups,
+                cos: torch.Tensor, signed_sin: torch.Tensor, query_scale: torch.Tensor | None, keys: torch.Tensor,
+                values: torch.Tensor) -> torch.Tensor:
         tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.kv_heads, self.head_dim)
+        q = rotate_(self.q_proj(x).view(tokens, self.heads, self.head_dim), cos, signed_sin)
+        k = rotate_(self.k_proj(x).view(tokens, self.kv_heads, self.head_dim), cos, signed_sin)
         v = self.v_proj(x).view(tokens, self.kv_heads, self.head_dim)
-        rotate_(q, *rotary)
-        rotate_(k, *rotary)
         if query_scale is not None:
             q = q * query_scale
-        keys[plan.write_slots, :, plan.positions] = k
-        values[plan.write_slots, :, plan.positions] = v
+        keys[write_slots, :, positions] = k
+        values[write_slots, :, positions] = v
         out = torch.empty((tokens, self.heads * self.head_dim), dtype=x.dtype, device=x.device)
-        for group in plan.groups:
-            out[group.packed] = self._attend_group(q, keys, values, group)
+        for packed, box, slots, mask in groups:
+            out[packed] = self._attend_group(q, keys, values, packed, box, slots, mask)
         return self.o_proj(out)
 
-    def _attend_group(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: GroupPlan):
-        box = q.new_zeros((group.rows * group.span, self.heads, self.head_dim))
-        box[group.box] = q[group.packed]
-        box = box.view(group.rows, group.span, self.heads, self.head_dim)
-        out = attend(box, keys[group.slots, :, :group.width], values[group.slots, :, :group.width], group.mask)
-        return out[group.box]
+    def _attend_group(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, packed: torch.Tensor,
+                      box: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """One group's queries scattered into its box ``[rows, span, ...]`` (sizes from its mask, so a compiled
+        graph traces them), attended over the first ``width`` columns of its slots, gathered back."""
+        rows, _, span, width = mask.shape
+        boxed = q.new_zeros((rows * span, self.heads, self.head_dim))
+        boxed[box] = q[packed]
+        boxed = boxed.view(rows, span, self.heads, self.head_dim)
+        return attend(boxed, keys[slots, :, :width], values[slots, :, :width], mask)[box]
 
 
 class Layer(nn.Module):
@@ -85,10 +91,20 @@ class Layer(nn.Module):
             ("up_proj", (config.hidden_size, config.intermediate_size)),
             ("down_proj", (config.intermediate_size, config.hidden_size)))})
 
-    def forward(self, x, plan, rotary, query_scale, keys, values):
-        x = x + self.self_attn(self.input_layernorm(x), plan, rotary, query_scale, keys, values)
+    def forward(self, x, positions, write_slots, groups, cos, signed_sin, query_scale, keys, values):
+        x = x + self.self_attn(self.input_layernorm(x), positions, write_slots, groups, cos, signed_sin, query_scale,
+                               keys, values)
         h = self.post_attention_layernorm(x)
         return x + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](h)) * self.mlp["up_proj"](h))
+
+
+def run_layers(model: AnchoredTransformer, x: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
+               groups: Groups, cos: torch.Tensor, signed_sin: torch.Tensor, query_scale: torch.Tensor | None,
+               keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Every layer over the packed tokens ``x``."""
+    for index, layer in enumerate(model.layers):
+        x = layer(x, positions, write_slots, groups, cos, signed_sin, query_scale, keys[index], values[index])
+    return x
 
 
 class AnchoredTransformer(nn.Module):
@@ -100,6 +116,7 @@ class AnchoredTransformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.options = ModelOptions()
+        self._layers = run_layers
         self._rope: tuple[torch.Tensor, float] | None = None  # computed on first use (the loader builds on meta)
 
     # -- what the loader and the engine ask of any model --------------------------------------------
@@ -107,11 +124,12 @@ class AnchoredTransformer(nn.Module):
         pass  # the head is untied
 
     def apply_options(self, options: ModelOptions) -> None:
-        """Batch-invariant mode runs each row's span alone. Compiled steps are not built for this model."""
-        if options.compile:
-            raise ValueError("compile=True: anchored-block models (Nemotron-Labs-Diffusion) run eagerly in this "
-                             "engine; load them with compile=False")
+        """Batch-invariant mode runs each row's span alone. Compiled, the layers run as one graph whose sizes
+        (tokens, rows, spans, columns) are symbols, so a run compiles a graph per number of span groups."""
+        if options.compile and options.batch_invariant:
+            raise ValueError("compile=True cannot be combined with batch_invariant=True")
         self.options = options
+        self._layers = torch.compile(run_layers, dynamic=True) if options.compile else run_layers
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         return dict(self.named_parameters())
@@ -132,10 +150,12 @@ class AnchoredTransformer(nn.Module):
         """Run every row's span, writing its keys and values; the final normed hidden states at
         ``step.logit_index``, ``[positions, hidden]``."""
         plan = plan_spans(step, step.tokens.device)
-        rotary, query_scale = self.rotary(plan)
-        x = self.embed_tokens(step.tokens)
-        for index, layer in enumerate(self.layers):
-            x = layer(x, plan, rotary, query_scale, cache.keys[index], cache.values[index])
+        (cos, signed_sin), query_scale = self.rotary(plan)
+        groups = tuple((group.packed, group.box, group.slots, group.mask) for group in plan.groups)
+        if self.options.compile:
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_GRAPHS)
+        x = self._layers(self, self.embed_tokens(step.tokens), plan.positions, plan.write_slots, groups, cos,
+                         signed_sin, query_scale, cache.keys, cache.values)
         return self.norm(x[step.logit_index])
 
     def rotary(self, plan: SpanPlan) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
