@@ -107,6 +107,26 @@ def run_layers(model: AnchoredTransformer, x: torch.Tensor, positions: torch.Ten
     return x
 
 
+class CompiledLayers:
+    """:func:`run_layers` through ``torch.compile`` with dynamic shapes, and the graphs a run has asked for:
+    one per number of span groups (the actor's stats report them as any compiled model's)."""
+
+    def __init__(self):
+        self.function = torch.compile(run_layers, dynamic=True)
+        self.group_counts: set[int] = set()
+        self.compile_failures: dict[str, int] = {}  # a failed compile raises: none is ever recorded
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self.group_counts)
+
+    def __call__(self, model: AnchoredTransformer, x: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
+                 groups: Groups, *rest: torch.Tensor | None) -> torch.Tensor:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_GRAPHS)
+        self.group_counts.add(len(groups))
+        return self.function(model, x, positions, write_slots, groups, *rest)
+
+
 class AnchoredTransformer(nn.Module):
     def __init__(self, config: AnchoredConfig):
         super().__init__()
@@ -116,7 +136,7 @@ class AnchoredTransformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.options = ModelOptions()
-        self._layers = run_layers
+        self.compiled: CompiledLayers | None = None
         self._rope: tuple[torch.Tensor, float] | None = None  # computed on first use (the loader builds on meta)
 
     # -- what the loader and the engine ask of any model --------------------------------------------
@@ -129,7 +149,7 @@ class AnchoredTransformer(nn.Module):
         if options.compile and options.batch_invariant:
             raise ValueError("compile=True cannot be combined with batch_invariant=True")
         self.options = options
-        self._layers = torch.compile(run_layers, dynamic=True) if options.compile else run_layers
+        self.compiled = CompiledLayers() if options.compile else None
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         return dict(self.named_parameters())
@@ -152,10 +172,9 @@ class AnchoredTransformer(nn.Module):
         plan = plan_spans(step, step.tokens.device)
         (cos, signed_sin), query_scale = self.rotary(plan)
         groups = tuple((group.packed, group.box, group.slots, group.mask) for group in plan.groups)
-        if self.options.compile:
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_GRAPHS)
-        x = self._layers(self, self.embed_tokens(step.tokens), plan.positions, plan.write_slots, groups, cos,
-                         signed_sin, query_scale, cache.keys, cache.values)
+        layers = self.compiled or run_layers
+        x = layers(self, self.embed_tokens(step.tokens), plan.positions, plan.write_slots, groups, cos,
+                   signed_sin, query_scale, cache.keys, cache.values)
         return self.norm(x[step.logit_index])
 
     def rotary(self, plan: SpanPlan) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
