@@ -33,6 +33,11 @@ EXPERIMENTS: dict[str, Experiment] = {
                                   ScaleArgs(("--layers", "3", "--requests", "4", "--rounds", "1"), ("--rounds", "1"),
                                             ()), OUT_DIR, False,
                                   "eager vs compiled DiffusionGemma steps on its fixture and a 32-layer copy"),
+    "nemotron": Experiment("research.nemotron",
+                           ScaleArgs(("--layers", "2", "--prompts", "3", "--new-tokens", "8", "--rounds", "1",
+                                      "--batches", "1,2"), ("--layers", "2", "--rounds", "1"), ()), OUT_DIR, False,
+                           "Nemotron-Labs-Diffusion's dLM, autoregressive and batched linear_spec modes: tokens "
+                           "per forward and tok/s (CPU), 8B on one H200 projected"),
     "compiled-job-step": Experiment("research.compiled_job_step",
                                     ScaleArgs(("--prompts", "16"), ("--prompts", "64"), ("--prompts", "256")), None,
                                     False, "eager vs compiled steps of the demo job's engine (tiny model, demo "

@@ -126,3 +126,18 @@ def test_editing_compares_llada21s_modes_with_llada20s_rule_on_one_workload():
     assert all(modes[name]["edits"] > 0 and modes[name]["post_mask_share"] > 0 for name in ("S", "Q"))
     assert modes["LLaDA2.0"]["step_ms_ratio"] == modes["LLaDA2.0"]["tokens_per_s_ratio"] == 1.0
     assert all(row["window_steps"] > 0 and row["tokens_per_s"] > 0 for row in modes.values())
+
+
+def test_nemotron_measures_each_mode_and_speculation_answers_as_autoregressive(tmp_path):
+    from research.nemotron import main
+
+    results = main(["--layers", "2", "--prompts", "3", "--new-tokens", "8", "--rounds", "1", "--batches", "1,2",
+                    "--out", str(tmp_path)])
+    rows = {(row["mode"], row["batch"]): row for row in results["measured"]}
+    assert set(rows) == {(mode, batch) for mode in ("dlm", "autoregressive", "linear_spec") for batch in (1, 2)}
+    assert all(rows["linear_spec", batch]["answers_equal_autoregressive"] == 3 for batch in (1, 2))
+    assert rows["autoregressive", 1]["tokens_per_row_forward"] == 1.0  # one token per forward, the prompt's too
+    assert rows["dlm", 2]["tokens_per_call"] > rows["dlm", 1]["tokens_per_call"]  # rows share a call
+    projected = {(row["mode"], row["batch"], row.get("tokens_per_run")): row for row in results["h200_projection"]}
+    assert projected["linear_spec", 1, 4]["tok_s"] > projected["autoregressive", 1, None]["tok_s"]
+    assert json.loads((tmp_path / "nemotron.json").read_text())["meta"]["command"].startswith("python -m research")
