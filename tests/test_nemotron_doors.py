@@ -1,7 +1,7 @@
 """Nemotron-Labs-Diffusion through the doors: the real OpenAIServer over a real EngineLoop (its self-speculative
 mode batched), and ``map_batches(BlockServeActor)`` on the session's Ray cluster (its dLM mode). Answers equal
-``engine.generate``; a stream sends one chunk per accepted run; a temperature is a 400 that names it, and
-log-probabilities come with every token. The batch job runs its shipped config in
+``engine.generate``; a stream sends one chunk per accepted run; a seeded sample repeats, a bad setting is a 400,
+and log-probabilities come with every token. The batch job runs its shipped config in
 ``tests/test_block_causal_pipeline.py``."""
 from __future__ import annotations
 
@@ -45,10 +45,12 @@ def test_a_completion_equals_engine_generate_and_a_stream_sends_each_accepted_ru
     # then one chunk per verified run
 
 
-def test_a_temperature_is_a_400_naming_it_and_logprobs_come_with_each_token(server):
-    with pytest.raises(OpenAIError, match="temperature is not offered for nemotron_labs_diffusion") as refused:
-        completion(server, max_tokens=4, temperature=0.7)
-    assert refused.value.status == 400 and refused.value.param == "temperature"
+def test_a_seeded_sample_repeats_and_logprobs_come_with_each_token(server):
+    first, again = (completion(server, max_tokens=8, ignore_eos=True, temperature=0.9, seed=3) for _ in range(2))
+    assert first.choices[0].text == again.choices[0].text
+    with pytest.raises(OpenAIError, match="outside the vocabulary") as refused:
+        completion(server, max_tokens=4, logit_bias={"99999": 1.0})
+    assert refused.value.status == 400 and refused.value.param == "logit_bias"
     answer = completion(server, max_tokens=6, ignore_eos=True, logprobs=2)
     assert len(answer.choices[0].logprobs.token_logprobs) == 6
     assert all(logprob <= 0.0 for logprob in answer.choices[0].logprobs.token_logprobs)

@@ -186,13 +186,25 @@ def test_the_causal_modes_refuse_other_layouts_and_causal_context_refuses_other_
         BlockServeEngine(sdar, EngineConfig(causal_context=False))
 
 
-@pytest.mark.parametrize("decoding", ["threshold", "linear_spec"])
-def test_a_sampled_request_is_refused_with_its_field_and_the_others_run(lm, decoding):
-    engine = BlockServeEngine(lm, EngineConfig(decoding=decoding, threshold=0.5))
-    sampled, greedy = engine.generate([[1, 2, 3], [1, 2, 3]], [SamplingParams(max_new_tokens=4, temperature=0.7),
-                                                                SamplingParams(max_new_tokens=4)])
-    assert sampled.finish_reason == "error" and sampled.error.startswith("temperature is not offered")
-    assert greedy.finish_reason == "length" and len(greedy.token_ids) == 4
+def test_sampled_speculation_draws_autoregressive_tokens_and_a_row_draws_as_it_does_alone():
+    """float64, temperature 0.8 with top-k 20 and top-p 0.9: a verified token is drawn with the noise of the
+    position it is for, so linear_spec gives autoregressive's draws; every mode's rows draw as they do alone."""
+    lm = load_model(NEMOTRON_DIR, dtype="float64")
+    prompts = REMOTE_CODE["prompts"][:5]
+    params = [SamplingParams(max_new_tokens=19, temperature=0.8, top_k=20, top_p=0.9, seed=seed,
+                             stop_at_eos=False) for seed in range(5)]
+    answers = {}
+    for decoding in ("threshold", "autoregressive", "linear_spec"):
+        settings = {"decoding": decoding, "threshold": 0.5}
+        batched = BlockServeEngine(lm, EngineConfig(max_batch_size=3, **settings)).generate(prompts, params)
+        alone = [BlockServeEngine(lm, EngineConfig(max_batch_size=1, **settings)).generate([prompt], [p])[0]
+                 for prompt, p in zip(prompts, params)]
+        answers[decoding] = [output.token_ids for output in batched]
+        assert answers[decoding] == [output.token_ids for output in alone]
+    assert answers["linear_spec"] == answers["autoregressive"]
+    greedy = BlockServeEngine(lm, EngineConfig(decoding="autoregressive")).generate(
+        prompts, SamplingParams(max_new_tokens=19, stop_at_eos=False))
+    assert answers["autoregressive"] != [output.token_ids for output in greedy]
 
 
 @pytest.mark.parametrize("key, value", [("dlm_paradigm", "block_diff"), ("sliding_window", 4096),

@@ -143,15 +143,6 @@ class RowLayout:
             return max(max_model_len // block_length * block_length - max_new_tokens, 0)
         return max(max_model_len - blocks_needed(max_new_tokens, block_length) * block_length, 0)
 
-    def request_problem(self, params: object) -> str | None:
-        """The request settings its runner does not take, as a message that starts with the field (None: fine)."""
-        if not self.anchored:
-            return None
-        if params.temperature != 0.0:
-            return (f"temperature is not offered for {self.family}: its rows decode greedily, as the checkpoint's "
-                    "own loops do at temperature 0; leave it unset")
-        return None
-
     def refusal(self, config: EngineConfig) -> str | None:
         """Why this layout cannot run ``config`` (naming the setting), or None."""
         if config.cache not in self.caches:

@@ -1,15 +1,13 @@
-"""``autoregressive``: one token per causal forward, the argmax of the context's next position.
+"""``autoregressive``: one token per causal forward, the context's next token.
 
-This is Nemotron-Labs-Diffusion's ``ar_generate`` at temperature 0. Its rows run on the anchored runner
-(``engine.runner.anchored_runner``): each step stores the row's last token causally and reads the logits
-of that one position. The scheduler's blocks are single tokens.
+This is Nemotron-Labs-Diffusion's ``ar_generate``. Its rows run on the anchored runner
+(``engine.runner.anchored_runner``): each step stores the row's last token causally and draws the next from
+that one position's logits (``engine.runner.anchored_draws``). The scheduler's blocks are single tokens.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
-
-import torch
 
 from engine.rules.base import DecodingRule
 
@@ -38,8 +36,3 @@ class Autoregressive(DecodingRule):
 
     def scheduled_block(self, block_length: int) -> int:
         return 1
-
-    @staticmethod
-    def next_tokens(logits: torch.Tensor) -> torch.Tensor:
-        """``[rows]`` each row's next token from its last position's logits ``[rows, vocab]``."""
-        return logits.argmax(dim=-1)

@@ -29,6 +29,7 @@ from engine.rules.autoregressive import Autoregressive
 from engine.rules.base import BlockView, DecodingRule
 from engine.rules.linear_spec import LinearSpec
 from engine.rules.proposals import propose_tokens
+from engine.runner.anchored_draws import block_sampling, next_tokens
 from engine.runner.anchored_prefix_cache import AnchoredPrefixCache
 from engine.runner.canvas_prefix_cache import pool_pages
 from engine.runner.logit_processors import dense_bias, token_logprobs
@@ -48,6 +49,7 @@ class AnchoredRow:
     block: list[int] | None = None  # the active block (denoised or drafted), None while storing
     block_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # its positions', as committed
     step_in_block: int = 0
+    block_draws: int = 0  # denoising and drafting steps it has taken (engine.runner.anchored_draws)
     generated: int = 0  # tokens it has reported
 
 
@@ -70,7 +72,6 @@ class AnchoredRunner:
         self.cache = AnchoredKVCache(self.model.config, config.max_batch_size, max_row_width + 1, lm.dtype, lm.device)
         self.prefix_cache = (AnchoredPrefixCache(self.model.config, self.cache, pool_pages(config, max_row_width))
                              if config.enable_prefix_caching else None)
-        self._mask_index = torch.tensor([self.mask_id], device=lm.device)
         self.free_slots = list(range(config.max_batch_size))
         self.rows: dict[str, AnchoredRow] = {}
 
@@ -162,8 +163,9 @@ class AnchoredRunner:
         denoising = [i for i, span in enumerate(spans) if span.kind in ("denoise", "draft")]
         decided: dict[int, torch.Tensor] = {}
         for i, span in enumerate(spans):
-            if span.kind in ("store", "verify") and span.logit_offsets:  # MASK is never an output
-                decided[i] = pieces[i].index_fill(-1, self._mask_index, float("-inf")).argmax(dim=-1)
+            if span.kind in ("store", "verify") and span.logit_offsets:  # the positions its tokens are for
+                after = span.row.context + 1 + torch.tensor(span.logit_offsets, device=self.lm.device)
+                decided[i] = next_tokens(pieces[i], self.mask_id, span.request.params, span.request.seed, after)
         if denoising:
             width = max(len(spans[i].tokens) for i in denoising)  # drafts near an answer's end are shorter
             padding = self.stop_ids[0]  # never a mask: a padded position commits nothing
@@ -171,7 +173,12 @@ class AnchoredRunner:
                                   device=self.lm.device)
             logits = torch.stack([torch.nn.functional.pad(pieces[i], (0, 0, 0, width - len(pieces[i])))
                                   for i in denoising])
-            candidates, confidence = propose_tokens(logits, self.mask_id)
+            positions = torch.stack([spans[i].row.context + torch.arange(width, device=blocks.device)
+                                     for i in denoising])
+            sampling = block_sampling([spans[i].request.params for i in denoising],
+                                      [spans[i].request.seed for i in denoising],
+                                      [spans[i].row.block_draws + 1 for i in denoising], positions, logits.shape[-1])
+            candidates, confidence = propose_tokens(logits, self.mask_id, sampling)
             masked = blocks == self.mask_id
             if isinstance(self.rule, LinearSpec):
                 tokens = torch.where(self.rule.draft(candidates, confidence, masked), candidates, blocks)
@@ -213,7 +220,7 @@ class AnchoredRunner:
         if logprobs and span.kind == "denoise":  # a position's log-probability is the one it was committed at
             row.block_logprobs = [logprobs[j] if token == self.mask_id and values[j] != self.mask_id else kept
                                   for j, (token, kept) in enumerate(zip(span.tokens, row.block_logprobs))]
-        row.block, row.step_in_block = values, row.step_in_block + 1
+        row.block, row.step_in_block, row.block_draws = values, row.step_in_block + 1, row.block_draws + 1
         if span.kind == "draft" or not self._block_done(span.request, values):
             return RowResult(False, None, None)
         row.pending, row.block = values, None

@@ -46,8 +46,6 @@ class AdmissionLimits:
             raise AdmissionError(problem, problem.split(" ", 1)[0])  # each message starts with its field
         if self.rule_problem is not None and (problem := self.rule_problem(params)):
             raise AdmissionError(problem, problem.split(" ", 1)[0])
-        if problem := self.layout.request_problem(params):
-            raise AdmissionError(problem, problem.split(" ", 1)[0])
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
             raise AdmissionError(f"logit_bias: token id {max(params.logit_bias)} is outside the vocabulary "
                                  f"[0, {self.vocab_size})", "logit_bias")
