@@ -67,6 +67,7 @@ class AnchoredRunner:
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule):
         self.lm, self.model, self.rule = lm, lm.model, rule
         self.block_length = config.block_length
+        self.speculative, self.autoregressive = isinstance(rule, LinearSpec), isinstance(rule, Autoregressive)
         self.causal_context = config.causal_context
         self.mask_id, self.stop_ids = lm.special_ids.mask_id, lm.special_ids.stop_ids
         self.cache = AnchoredKVCache(self.model.config, config.max_batch_size, max_row_width + 1, lm.dtype, lm.device)
@@ -105,11 +106,11 @@ class AnchoredRunner:
     # -- one row's span --------------------------------------------------------------------------------
     def _span(self, request: Request, row: AnchoredRow) -> _Span:
         if row.pending:
-            causal = self.causal_context or isinstance(self.rule, (Autoregressive, LinearSpec))
+            causal = self.causal_context or self.speculative or self.autoregressive
             offsets = (len(row.pending) - 1,) if causal else ()
             return _Span(request, row, "store", row.pending, causal, offsets)
         every = tuple(range(len(row.block)))
-        if isinstance(self.rule, LinearSpec):
+        if self.speculative:
             drafted = self.mask_id not in row.block
             return _Span(request, row, "verify" if drafted else "draft", row.block, drafted, every)
         return _Span(request, row, "denoise", row.block, False, every)
@@ -180,7 +181,7 @@ class AnchoredRunner:
                                       [spans[i].row.block_draws + 1 for i in denoising], positions, logits.shape[-1])
             candidates, confidence = propose_tokens(logits, self.mask_id, sampling)
             masked = blocks == self.mask_id
-            if isinstance(self.rule, LinearSpec):
+            if self.speculative:
                 tokens = torch.where(self.rule.draft(candidates, confidence, masked), candidates, blocks)
             else:
                 steps = torch.tensor([spans[i].row.step_in_block for i in denoising], device=blocks.device)
@@ -200,11 +201,11 @@ class AnchoredRunner:
         row = span.row
         if span.kind == "store":
             row.context, row.pending = row.context + len(span.tokens), []
-            if isinstance(self.rule, Autoregressive):
+            if self.autoregressive:
                 row.pending = values
                 return self._report(row, values, logprobs)
             seed = values[:1]
-            if isinstance(self.rule, LinearSpec):  # the prompt's next token is the first output token
+            if self.speculative:  # the prompt's next token is the first output token
                 result = self._report(row, seed, logprobs)
                 self._start_block(row, seed)
                 return result
@@ -230,7 +231,7 @@ class AnchoredRunner:
         """The next active block: its seed, then masks. A speculative row drafts no further than its
         answer can use (greedy speculation is lossless, so a shorter draft changes no token)."""
         length = self.block_length
-        if isinstance(self.rule, LinearSpec):
+        if self.speculative:
             length = max(1, min(length, row.max_new_tokens - row.generated + len(seed)))
         row.block = seed + [self.mask_id] * (length - len(seed))
         row.step_in_block = 0
