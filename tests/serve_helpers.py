@@ -134,6 +134,16 @@ def sse_events(response: httpx.Response) -> list:
     return [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
 
 
+def complete(server, prompt: str, **fields):
+    """One ``/v1/completions`` answer of an OpenAIServer without HTTP: its own model, ``prompt``, ``fields``."""
+    import asyncio
+
+    from actors.serving.openai.protocol import CompletionRequest
+
+    request = CompletionRequest.model_validate({"model": server.model_name, "prompt": prompt, **fields})
+    return asyncio.run(server.completions(request))
+
+
 def openai_server_without_ray(model_dir: Path, model_name: str, engine: dict, default_max_tokens: int = 16):
     """The real OpenAIServer over a real EngineLoop on ``model_dir``, without Ray: yields the server and
     stops its loop after (for a module-scoped fixture)."""

@@ -11,7 +11,7 @@ import pytest
 from actors.serving.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from tests.conftest import FIXTURES
-from tests.serve_helpers import openai_server_without_ray
+from tests.serve_helpers import complete, openai_server_without_ray
 
 MODEL = "tiny-diffusion_gemma"
 ENGINE = {"max_batch_size": 4, "max_denoising_steps": 6}
@@ -23,15 +23,10 @@ def server():
     yield from openai_server_without_ray(FIXTURES / MODEL, MODEL, ENGINE)
 
 
-def completion(server, **fields):
-    return asyncio.run(server.completions(CompletionRequest.model_validate({"model": MODEL, "prompt": PROMPT,
-                                                                            **fields})))
-
-
 def test_a_seeded_completion_equals_engine_generate_and_a_stream_sends_each_canvas(server):
     engine = BlockServeEngine(server.loop.engine.lm, EngineConfig(**ENGINE))
     expected = engine.generate([PROMPT], SamplingParams(max_new_tokens=13, seed=7, stop_at_eos=False))[0]
-    answer = completion(server, max_tokens=13, seed=7, ignore_eos=True)
+    answer = complete(server, PROMPT, max_tokens=13, seed=7, ignore_eos=True)
     assert answer.choices[0].text == expected.text and answer.usage.completion_tokens == 13
 
     async def collect():
@@ -50,13 +45,13 @@ def test_an_image_part_or_a_temperature_is_a_400_saying_why(server):
         asyncio.run(server.chat(request))
     assert refused.value.status == 400
     with pytest.raises(OpenAIError, match="temperature is not offered for diffusion_gemma") as refused:
-        completion(server, max_tokens=4, temperature=0.7)
+        complete(server, PROMPT, max_tokens=4, temperature=0.7)
     assert refused.value.status == 400 and refused.value.param == "temperature"
 
 
 def test_a_prompt_read_from_the_prefix_cache_is_counted_in_the_usage(server):
     prompt = "a lazy dog sleeps under a tree, far from any fox " * 2  # 98 tokens: 6 whole pages of 16
-    first = completion(server, prompt=prompt, max_tokens=4, seed=1)
-    again = completion(server, prompt=prompt, max_tokens=4, seed=1)
+    first = complete(server, prompt, max_tokens=4, seed=1)
+    again = complete(server, prompt, max_tokens=4, seed=1)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert again.usage.prompt_tokens_details.cached_tokens == 6 * 16 and again.choices[0].text == first.choices[0].text

@@ -12,7 +12,7 @@ import pytest
 from actors.serving.openai.protocol import CompletionRequest, OpenAIError
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from tests.conftest import FIXTURES
-from tests.serve_helpers import openai_server_without_ray
+from tests.serve_helpers import complete, openai_server_without_ray
 
 MODEL = "tiny-nemotron_labs_diffusion"
 SPECULATIVE = {"max_batch_size": 4, "decoding": "linear_spec", "threshold": 0.0}
@@ -24,15 +24,10 @@ def server():
     yield from openai_server_without_ray(FIXTURES / MODEL, MODEL, SPECULATIVE)
 
 
-def completion(server, **fields):
-    return asyncio.run(server.completions(CompletionRequest.model_validate({"model": MODEL, "prompt": PROMPT,
-                                                                            **fields})))
-
-
 def test_a_completion_equals_engine_generate_and_a_stream_sends_each_accepted_run(server):
     engine = BlockServeEngine(server.loop.engine.lm, EngineConfig(**SPECULATIVE))
     expected = engine.generate([PROMPT], SamplingParams(max_new_tokens=20, stop_at_eos=False))[0]
-    answer = completion(server, max_tokens=20, ignore_eos=True)
+    answer = complete(server, PROMPT, max_tokens=20, ignore_eos=True)
     assert answer.choices[0].text == expected.text and answer.usage.completion_tokens == 20
 
     async def collect():
@@ -46,12 +41,12 @@ def test_a_completion_equals_engine_generate_and_a_stream_sends_each_accepted_ru
 
 
 def test_a_seeded_sample_repeats_and_logprobs_come_with_each_token(server):
-    first, again = (completion(server, max_tokens=8, ignore_eos=True, temperature=0.9, seed=3) for _ in range(2))
+    first, again = (complete(server, PROMPT, max_tokens=8, ignore_eos=True, temperature=0.9, seed=3) for _ in range(2))
     assert first.choices[0].text == again.choices[0].text
     with pytest.raises(OpenAIError, match="outside the vocabulary") as refused:
-        completion(server, max_tokens=4, logit_bias={"99999": 1.0})
+        complete(server, PROMPT, max_tokens=4, logit_bias={"99999": 1.0})
     assert refused.value.status == 400 and refused.value.param == "logit_bias"
-    answer = completion(server, max_tokens=6, ignore_eos=True, logprobs=2)
+    answer = complete(server, PROMPT, max_tokens=6, ignore_eos=True, logprobs=2)
     assert len(answer.choices[0].logprobs.token_logprobs) == 6
     assert all(logprob <= 0.0 for logprob in answer.choices[0].logprobs.token_logprobs)
 
