@@ -11,6 +11,9 @@ def unserved_diffusion_model(config: dict) -> str | None:
         return "LLaDA2 in dFactory's merged-experts layout (model_type 'llada2_moe_veomni')"
     if "SDARMoeForCausalLM" in architectures or model_type == "sdar_moe":
         return "SDAR-MoE (SDARMoeForCausalLM)"
+    if "nemotron" in names and "diffusion" in names and "NemotronLabsDiffusionModel" not in architectures:
+        return (f"a Nemotron diffusion variant ({', '.join(architectures) or model_type}); of that family only "
+                "the text model NemotronLabsDiffusionModel is served")
     if "fast_dllm" in names:
         return f"Fast-dLLM v2 ({', '.join(architectures) or model_type})"
     return None
