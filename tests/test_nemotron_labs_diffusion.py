@@ -29,6 +29,7 @@ from tests.conftest import FIXTURES
 NEMOTRON_DIR = FIXTURES / "tiny-nemotron_labs_diffusion"
 REMOTE_CODE = json.loads((FIXTURES / "nemotron_remote_code.json").read_text())
 MODES = {  # the remote code's run -> the engine settings that decode as it does
+    "dlm_threshold_none": {"decoding": "quota", "steps_per_block": 8},  # one token a step
     "dlm_threshold_0.5": {"decoding": "threshold", "threshold": 0.5},
     "dlm_threshold_0.9": {"decoding": "threshold", "threshold": 0.9},
     "dlm_bidirectional_context": {"decoding": "threshold", "threshold": 0.5, "causal_context": False},

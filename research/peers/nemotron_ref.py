@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 MODES = {  # name -> (method, keyword arguments); block_length is added from the checkpoint
+    "dlm_threshold_none": ("generate", {}),  # its default: one token a step
     "dlm_threshold_0.5": ("generate", {"threshold": 0.5}),
     "dlm_threshold_0.9": ("generate", {"threshold": 0.9}),
     "dlm_bidirectional_context": ("generate", {"threshold": 0.5, "causal_context": False}),
