@@ -55,8 +55,8 @@ EXPERIMENTS: dict[str, Experiment] = {
                                "prefix caching on vs off: a shared instruction and a chat replay, SDAR, LLaDA2 "
                                "and DiffusionGemma"),
     "gpu-checks": Experiment("research.gpu_checks", ScaleArgs(("--smoke",)), OutArg(required=True), False,
-                             "on one GPU: the compiled step with CUDA graphs per family, prefix caching at "
-                             "8B shapes (``--smoke``: the CPU)"),
+                             "on one GPU: the compiled step with CUDA graphs per family, prefix caching and "
+                             "Nemotron's modes at 8B shapes (``--smoke``: the CPU)"),
     "prefix-routing": Experiment("research.prefix_routing",
                                  ScaleArgs(("--rows", "16"), ("--rows", "64"), ("--rows", "64")), OUT_DIR, False,
                                  "the job's routing by shared prefix on vs off: prefix cache hits"),

@@ -1,4 +1,4 @@
-"""The GPU checks of the compiled step (issue 41) and of prefix caching (issue 40), as one prepared run.
+"""The GPU checks of the compiled step (issue 41), prefix caching (issue 40) and Nemotron's modes, as one run.
 
     python -m research gpu-checks --out DIR            # one H200, under --time-budget-s
     python -m research gpu-checks --smoke --out DIR    # the same path on the CPU, tiny sizes
@@ -17,6 +17,12 @@ Stages, in this order (``--stages`` picks some):
    tokens at batch 16: eager against compiled with CUDA graphs, stepped alternately.
 4. ``compiled-canvas``: DiffusionGemma's fixture, 32 layers deep (``research.compiled_canvas``), float32,
    as stage 1 measures the other families: steps, tokens, graphs, CUDA graphs captured and replayed.
+
+5. ``nemotron``: Nemotron-Labs-Diffusion-8B's layer shapes (34 layers, hidden 4096, 32 query and 8 key/value
+   heads, MLP 14336) with random bf16 weights and the fixture's vocabulary, eager: its dLM, autoregressive and
+   ``linear_spec`` modes at batch 1 and 16 in turn (``research.nemotron``): tok/s, tokens per forward, model
+   calls, speculation's answers against autoregressive ones. What a forward costs is the figure to read; a
+   random model's acceptance is not the release's.
 
 ``prefix-cache-compiled``, only when named, is stage 2 on a compiled model: each mode runs once to
 compile and capture its graphs before the timed rounds. Eagerly the step's host cost is the same with
@@ -52,9 +58,11 @@ from engine.models.transformer import BidirectionalTransformer
 from research import prefix_cache
 from research.compiled_step import Workload
 
-STAGES = ("compiled", "prefix-cache", "compiled-8b", "compiled-canvas")  # the default, in the order they run
+STAGES = ("compiled", "prefix-cache", "compiled-8b", "compiled-canvas", "nemotron")  # the default, in order
 FAMILY_LAYERS = {"tiny-llada": 32, "tiny-sdar": 32, "tiny-llada2": 32, "tiny-dream": 32}
 SDAR_8B = dict(num_layers=36, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=12288)
+NEMOTRON_8B = dict(num_layers=34, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                   intermediate_size=14336)
 LLADA_8B = dict(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, intermediate_size=12288)
 SMOKE_DIMS = dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128)
 
@@ -205,8 +213,26 @@ def compiled_canvas(device: str, smoke: bool, stop_at: float) -> dict:
                                                   4 if smoke else 16, stop_at)
 
 
+def nemotron_8b(device: str, smoke: bool, stop_at: float) -> dict:
+    """Nemotron-Labs-Diffusion's three modes at the 8B's layer shapes (stage 5)."""
+    from engine.models.anchored.model import AnchoredTransformer
+    from research.nemotron import measure, workload
+
+    dims, dtype = (SMOKE_DIMS, torch.float32) if smoke else (NEMOTRON_8B, torch.bfloat16)
+    lm = load_model(FIXTURES / "tiny-nemotron_labs_diffusion", device=device, dtype="float32")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AnchoredTransformer(dataclasses.replace(lm.model.config, **dims))
+    model = model.to(dtype).eval().requires_grad_(False)
+    apply_model_options(model, ModelOptions())
+    rows = measure(dataclasses.replace(lm, model=model), dims["num_layers"], workload(4 if smoke else 16),
+                   [1, 4] if smoke else [1, 16], 8 if smoke else 64, 1 if smoke else 2, max_model_len=256)
+    return {"dims": dims, "dtype": str(dtype), "measured": rows}
+
+
 RUNNERS = {"compiled": compiled_families, "compiled-canvas": compiled_canvas, "prefix-cache": prefix_cache_8b,
-           "compiled-8b": compiled_8b, "prefix-cache-compiled": functools.partial(prefix_cache_8b, compile=True)}
+           "compiled-8b": compiled_8b, "prefix-cache-compiled": functools.partial(prefix_cache_8b, compile=True),
+           "nemotron": nemotron_8b}
 
 
 def main(argv: list[str] | None = None) -> dict:

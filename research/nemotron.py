@@ -74,8 +74,9 @@ def run_once(engine: BlockServeEngine, prompts: list[list[int]], new_tokens: int
 
 
 def measure(lm: DiffusionLM, layers: int, prompts: list[list[int]], batches: list[int], new_tokens: int,
-            rounds: int) -> list[dict]:
-    engines = {(mode, batch): BlockServeEngine(lm, EngineConfig(max_batch_size=batch, **settings))
+            rounds: int, max_model_len: int | None = None) -> list[dict]:
+    engines = {(mode, batch): BlockServeEngine(lm, EngineConfig(max_batch_size=batch, max_model_len=max_model_len,
+                                                                **settings))
                for mode, settings in MODES.items() for batch in batches}
     for engine in engines.values():  # warm-up: allocator, kernels
         engine.generate(prompts[:2], SamplingParams(max_new_tokens=4))

@@ -116,6 +116,16 @@ def test_gpu_checks_smoke_runs_prefix_caching_and_the_compiled_step_and_refuses_
         gpu_checks.main(["--smoke", "--stages", "compiled,warp-drive", "--out", str(tmp_path)])
 
 
+def test_gpu_checks_smoke_runs_nemotrons_three_modes(tmp_path):
+    from research import gpu_checks
+
+    results = gpu_checks.main(["--smoke", "--stages", "nemotron", "--out", str(tmp_path)])
+    rows = results["stages"]["nemotron"]["measured"]
+    assert {(row["mode"], row["batch"]) for row in rows} == {
+        (mode, batch) for mode in ("dlm", "autoregressive", "linear_spec") for batch in (1, 4)}
+    assert all(row["answers_equal_autoregressive"] == 4 for row in rows if row["mode"] == "linear_spec")
+
+
 def test_editing_compares_llada21s_modes_with_llada20s_rule_on_one_workload():
     from research import editing
 
