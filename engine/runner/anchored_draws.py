@@ -27,13 +27,19 @@ def _filters(params: Sequence[SamplingParams], device: torch.device) -> TokenFil
                         top_p=torch.tensor([p.top_p for p in params], device=device))
 
 
-def next_tokens(logits: torch.Tensor, mask_id: int, params: SamplingParams, seed: int,
-                positions: torch.Tensor) -> torch.Tensor:
-    """One row's next tokens ``[positions]`` from its logits ``[positions, vocab]``; ``positions``: the
-    position each token is for."""
-    scores = logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
-    if params.temperature == 0.0:
-        return scores.argmax(dim=-1)
+def greedy_tokens(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """Each position's most likely token but MASK, ``[positions]`` from ``[positions, vocab]`` (any rows')."""
+    scores = logits.clone()
+    scores[:, mask_id] = float("-inf")
+    return scores.argmax(dim=-1)
+
+
+def sampled_tokens(logits: torch.Tensor, mask_id: int, params: SamplingParams, seed: int,
+                   positions: torch.Tensor) -> torch.Tensor:
+    """One sampled row's next tokens ``[positions]`` from its logits ``[positions, vocab]``; ``positions``:
+    the position each token is for."""
+    scores = logits.clone()
+    scores[:, mask_id] = float("-inf")
     scaled = scores / params.temperature
     filters = _filters([params], logits.device)
     if filters is not None:

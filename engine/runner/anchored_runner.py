@@ -29,7 +29,7 @@ from engine.rules.autoregressive import Autoregressive
 from engine.rules.base import BlockView, DecodingRule
 from engine.rules.linear_spec import LinearSpec
 from engine.rules.proposals import propose_tokens
-from engine.runner.anchored_draws import block_sampling, next_tokens
+from engine.runner.anchored_draws import block_sampling, greedy_tokens, sampled_tokens
 from engine.runner.anchored_prefix_cache import AnchoredPrefixCache
 from engine.runner.canvas_prefix_cache import pool_pages
 from engine.runner.logit_processors import dense_bias, token_logprobs
@@ -163,10 +163,17 @@ class AnchoredRunner:
         or drafting step's block."""
         denoising = [i for i, span in enumerate(spans) if span.kind in ("denoise", "draft")]
         decided: dict[int, torch.Tensor] = {}
-        for i, span in enumerate(spans):
-            if span.kind in ("store", "verify") and span.logit_offsets:  # the positions its tokens are for
+        nexts = [i for i, span in enumerate(spans) if span.kind in ("store", "verify") and span.logit_offsets]
+        greedy = [i for i in nexts if spans[i].request.params.temperature == 0.0]
+        if greedy:  # one argmax for every greedy row's next tokens
+            tokens = greedy_tokens(torch.cat([pieces[i] for i in greedy]), self.mask_id)
+            for i, row_tokens in zip(greedy, tokens.split([len(pieces[i]) for i in greedy])):
+                decided[i] = row_tokens
+        for i in nexts:
+            if i not in decided:  # the positions its tokens are for
+                span = spans[i]
                 after = span.row.context + 1 + torch.tensor(span.logit_offsets, device=self.lm.device)
-                decided[i] = next_tokens(pieces[i], self.mask_id, span.request.params, span.request.seed, after)
+                decided[i] = sampled_tokens(pieces[i], self.mask_id, span.request.params, span.request.seed, after)
         if denoising:
             width = max(len(spans[i].tokens) for i in denoising)  # drafts near an answer's end are shorter
             padding = self.stop_ids[0]  # never a mask: a padded position commits nothing
