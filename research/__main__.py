@@ -54,6 +54,9 @@ EXPERIMENTS: dict[str, Experiment] = {
     "prefix-cache": Experiment("research.prefix_cache", SCALE_FLAG, OUT_DIR, False,
                                "prefix caching on vs off: a shared instruction and a chat replay, SDAR, LLaDA2 "
                                "and DiffusionGemma"),
+    "tensor-parallel": Experiment("research.tensor_parallel_projection", ScaleArgs(), OUT_DIR, False,
+                                  "DiffusionGemma 26B-A4B at TP 2 and 4 on L40S and A10G, LLaDA2.0-flash at TP 4 "
+                                  "on H100: memory per GPU and step time projected"),
     "gpu-checks": Experiment("research.gpu_checks", ScaleArgs(("--smoke",)), OutArg(required=True), False,
                              "on one GPU: the compiled step with CUDA graphs per family, prefix caching and "
                              "Nemotron's modes at 8B shapes (``--smoke``: the CPU)"),
