@@ -1,30 +1,34 @@
-"""The GPU checks of the compiled step (issue 41), prefix caching (issue 40) and Nemotron's modes, as one run.
+"""The GPU checks of the compiled step (issue 41), prefix caching (issue 40), Nemotron's modes and tensor parallel.
 
     python -m research gpu-checks --out DIR            # one H200, under --time-budget-s
     python -m research gpu-checks --smoke --out DIR    # the same path on the CPU, tiny sizes
+    python -m research gpu-checks --stages tensor-parallel --out DIR    # 2 GPUs or more
 
 Stages, in this order (``--stages`` picks some):
 
-1. ``compiled``: each family's test fixture, 32 layers deep, float32, 16 requests of 64 new tokens at
+1. ``tensor-parallel`` (``research.gpu_tensor_parallel``): each family's fixture in bf16 at
+   ``tensor_parallel_size=2`` against 1, stepped in turn: answers compared and step times. On fewer than 2
+   GPUs (this project's lent machines have one) it records that it skips.
+2. ``compiled``: each family's test fixture, 32 layers deep, float32, 16 requests of 64 new tokens at
    batch 16. Eager and compiled engines step alternately on the same weights. Reported: the median
    step of each, the tokens compared, the graphs compiled, and the CUDA graphs captured and replayed
    (counted at ``torch.cuda.CUDAGraph``'s capture and replay).
-2. ``prefix-cache``: SDAR-8B's layer shapes (36 layers, hidden 4096, 32 query and 8 key/value heads, MLP
+3. ``prefix-cache``: SDAR-8B's layer shapes (36 layers, hidden 4096, 32 query and 8 key/value heads, MLP
    12288) with random bf16 weights and the SDAR fixture's tokenizer and vocabulary; one 1,024-token
    instruction before 64 distinct questions, 64-token answers, the cache on against off, interleaved
    (``research.prefix_cache``): measured tok/s, forwarded tokens, hit rate, answers compared.
-3. ``compiled-8b``: LLaDA-8B's layer shapes in bf16 (the fixture's vocabulary), 16 requests of 64 new
+4. ``compiled-8b``: LLaDA-8B's layer shapes in bf16 (the fixture's vocabulary), 16 requests of 64 new
    tokens at batch 16: eager against compiled with CUDA graphs, stepped alternately.
-4. ``compiled-canvas``: DiffusionGemma's fixture, 32 layers deep (``research.compiled_canvas``), float32,
-   as stage 1 measures the other families: steps, tokens, graphs, CUDA graphs captured and replayed.
+5. ``compiled-canvas``: DiffusionGemma's fixture, 32 layers deep (``research.compiled_canvas``), float32,
+   as stage 2 measures the other families: steps, tokens, graphs, CUDA graphs captured and replayed.
 
-5. ``nemotron``: Nemotron-Labs-Diffusion-8B's layer shapes (34 layers, hidden 4096, 32 query and 8 key/value
+6. ``nemotron``: Nemotron-Labs-Diffusion-8B's layer shapes (34 layers, hidden 4096, 32 query and 8 key/value
    heads, MLP 14336) with random bf16 weights and the fixture's vocabulary, eager: its dLM, autoregressive and
    ``linear_spec`` modes at batch 1 and 16 in turn (``research.nemotron``): tok/s, tokens per forward, model
    calls, speculation's answers against autoregressive ones. What a forward costs is the figure to read; a
    random model's acceptance is not the release's.
 
-``prefix-cache-compiled``, only when named, is stage 2 on a compiled model: each mode runs once to
+``prefix-cache-compiled``, only when named, is stage 3 on a compiled model: each mode runs once to
 compile and capture its graphs before the timed rounds. Eagerly the step's host cost is the same with
 the cache on and off, which dilutes the gain; CUDA graphs remove most of it.
 
@@ -57,8 +61,9 @@ from engine.models.loader import DiffusionLM, apply_model_options
 from engine.models.transformer import BidirectionalTransformer
 from research import prefix_cache
 from research.compiled_step import Workload
+from research.gpu_tensor_parallel import tensor_parallel
 
-STAGES = ("compiled", "prefix-cache", "compiled-8b", "compiled-canvas", "nemotron")  # the default, in order
+STAGES = ("tensor-parallel", "compiled", "prefix-cache", "compiled-8b", "compiled-canvas", "nemotron")  # in order
 FAMILY_LAYERS = {"tiny-llada": 32, "tiny-sdar": 32, "tiny-llada2": 32, "tiny-dream": 32}
 SDAR_8B = dict(num_layers=36, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=12288)
 NEMOTRON_8B = dict(num_layers=34, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
@@ -232,7 +237,7 @@ def nemotron_8b(device: str, smoke: bool, stop_at: float) -> dict:
 
 RUNNERS = {"compiled": compiled_families, "compiled-canvas": compiled_canvas, "prefix-cache": prefix_cache_8b,
            "compiled-8b": compiled_8b, "prefix-cache-compiled": functools.partial(prefix_cache_8b, compile=True),
-           "nemotron": nemotron_8b}
+           "nemotron": nemotron_8b, "tensor-parallel": tensor_parallel}
 
 
 def main(argv: list[str] | None = None) -> dict:
