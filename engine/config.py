@@ -88,6 +88,10 @@ class EngineConfig:
     t_max: float | None = None  # temperature at the first step
     stability_threshold: int | None = None  # steps the argmax canvas must stay unchanged to stop early
     confidence_threshold: float | None = None  # ... with its mean token entropy below this
+    # one model over this many devices (vLLM's name): the engine's process is rank 0 and starts the others
+    # (engine.parallel); heads, MLPs, experts and the vocabulary are split across them
+    tensor_parallel_size: int = 1
+    tensor_parallel_timeout_s: float = 300.0  # a rank that waits this long on another ends the engine
 
     def __post_init__(self) -> None:
         if self.block_length is not None and (not isinstance(self.block_length, int) or self.block_length < 1):
@@ -120,6 +124,13 @@ class EngineConfig:
         if self.prefix_cache_tokens is not None and (isinstance(self.prefix_cache_tokens, bool) or not isinstance(
                 self.prefix_cache_tokens, int) or self.prefix_cache_tokens < 0):
             _fail("prefix_cache_tokens", f"must be an int >= 0 or None, got {self.prefix_cache_tokens!r}")
+        if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) or (
+                self.tensor_parallel_size < 1):
+            _fail("tensor_parallel_size", f"must be a positive int (1: one device), got {self.tensor_parallel_size!r}")
+        if isinstance(self.tensor_parallel_timeout_s, bool) or not isinstance(
+                self.tensor_parallel_timeout_s, (int, float)) or self.tensor_parallel_timeout_s <= 0:
+            _fail("tensor_parallel_timeout_s", f"must be a positive number of seconds, "
+                                               f"got {self.tensor_parallel_timeout_s!r}")
         if not isinstance(self.causal_context, bool):
             _fail("causal_context", f"must be True or False, got {self.causal_context!r}")
         from engine.rules import DECODING_RULES, settings_problems  # loads the rule modules (and torch)

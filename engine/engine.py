@@ -12,6 +12,7 @@ import torch
 from engine.config import EngineConfig, SamplingParams
 from engine.models.loader import DiffusionLM, load_model
 from engine.models.prompts import Prompt, PromptTooLongError, encode_prompt
+from engine.parallel.ranks import TensorParallelError, WorkerRanks
 from engine.rules import rule_for
 from engine.runner.interface import runner_class
 from engine.runner.memory import check_arena_fits
@@ -43,14 +44,40 @@ class BlockServeEngine:
         self._early_outputs: list[RequestOutput] = []  # rejected or aborted while pending
         self._sequence = itertools.count()
         self._seed_source = random.Random(0)
+        self.ranks = self._start_ranks(lm, config or EngineConfig())
+
+    def _start_ranks(self, lm: DiffusionLM, config: EngineConfig) -> WorkerRanks | None:
+        """Rank 0 of a split model starts the other ranks (``engine.parallel.ranks``); others start none."""
+        if config.tensor_parallel_size != lm.shard.size:
+            raise ValueError(f"EngineConfig.tensor_parallel_size={config.tensor_parallel_size} but the model was "
+                             f"loaded as {lm.shard.size} share(s): load it with load_model(..., tensor_parallel_size="
+                             f"{config.tensor_parallel_size}), or use BlockServeEngine.from_pretrained")
+        if lm.shard.rank != 0 or not lm.shard.is_split:
+            return None
+        if lm.source is None:
+            raise ValueError("a split model's other ranks load it as load_model did: pass a model from load_model")
+        return WorkerRanks(lm.source, config)
+
+    def close(self) -> None:
+        """Stop the worker ranks of a split engine and leave its process group (nothing to do on one device)."""
+        if self.ranks is not None:
+            self.ranks.close()
+
+    def __enter__(self) -> BlockServeEngine:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     @classmethod
     def from_pretrained(cls, model: str | Path, config: EngineConfig | None = None,
                         device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                         compile: bool = False, batch_invariant: bool = False) -> BlockServeEngine:
-        """An engine on a model loaded with :func:`load_model`'s options ``compile`` and ``batch_invariant``."""
+        """An engine on a model loaded with :func:`load_model`'s options ``compile`` and ``batch_invariant``
+        (rank 0's share of it when ``config.tensor_parallel_size`` > 1: the engine starts the other ranks)."""
+        size = config.tensor_parallel_size if config is not None else 1
         return cls(load_model(model, device=device, dtype=dtype, compile=compile,
-                              batch_invariant=batch_invariant), config)
+                              batch_invariant=batch_invariant, tensor_parallel_size=size), config)
 
     # -- requests ----------------------------------------------------------------------------------
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
@@ -76,6 +103,8 @@ class BlockServeEngine:
             self._early_outputs.append(self._finish(request))
         else:
             self.scheduler.add(request)
+        if self.ranks is not None:
+            self.ranks.send("add_request", prompt, params, request_id, request.arrival_time)
         return request_id
 
     def tokenize(self, prompt: Prompt, params: SamplingParams) -> list[int]:
@@ -119,6 +148,8 @@ class BlockServeEngine:
         request = self._requests.get(request_id)
         if request is None or request.is_finished:
             return
+        if self.ranks is not None:
+            self.ranks.send("abort_request", request_id)
         if self.scheduler.remove_pending(request_id) is not None:
             request.abort_requested = True
             request.status = RequestStatus.FINISHED_ABORT
@@ -140,9 +171,24 @@ class BlockServeEngine:
     # -- the loop ----------------------------------------------------------------------------------
     def step(self) -> StepReport:
         """Run ONE denoising step; return what it did: the requests that finished at its end (and any
-        rejected), and the new output tokens of each row whose block it completed."""
-        started = time.perf_counter()
+        rejected), and the new output tokens of each row whose block it completed. A split engine's step
+        raises TensorParallelError when another rank has died or stopped answering."""
         now = time.time()
+        if self.ranks is None:
+            return self.step_at(now)
+        self.ranks.send("step_at", now)
+        try:
+            return self.step_at(now)
+        except Exception as error:
+            failure = self.ranks.failure(error)
+            if isinstance(failure, TensorParallelError):
+                self.ranks.kill()
+                raise failure from error
+            raise
+
+    def step_at(self, now: float) -> StepReport:
+        """:meth:`step` as if the clock read ``now`` (every rank of a split engine schedules at rank 0's)."""
+        started = time.perf_counter()
         scheduled = self.scheduler.schedule(now)
         output = self.runner.execute(scheduled)
         self._account(scheduled, output)

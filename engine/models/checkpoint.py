@@ -16,6 +16,10 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from engine.parallel.shard import WHOLE, TensorShard
+from engine.parallel.vocab import VocabularyEmbedding, VocabularyHead
+from engine.parallel.weights import rank_share
+
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
 
@@ -112,14 +116,16 @@ def iter_checkpoint_tensors(directory: Path) -> Iterator[tuple[str, Callable[[],
 
 def load_weights(
     model: nn.Module, directory: Path, rename: Callable[[str], str | None],
-    device: torch.device, dtype: torch.dtype,
+    device: torch.device, dtype: torch.dtype, shard: TensorShard = WHOLE,
 ) -> None:
     """Fill a meta-device ``model`` from ``directory``; ``rename`` maps checkpoint names to ours
-    (``None`` skips a tensor that we do not use, e.g. rotary caches)."""
+    (``None`` skips a tensor that we do not use, e.g. rotary caches). A model split over ranks takes rank
+    ``shard.rank``'s share of each tensor (``engine.parallel.weights``)."""
     model.to(dtype)  # still on the meta device: the parameters are born in ``dtype``, never float32
     model.to_empty(device=device)
     model.tie_weights()  # moving off the meta device unties shared parameters
     params = model.checkpoint_tensors()  # fused projections appear as their checkpoint's parts
+    vocabulary, fused = _split_tensors(model) if shard.is_split else (set(), {})
     loaded: set[str] = set()
     for checkpoint_name, load in iter_checkpoint_tensors(directory):
         name = rename(checkpoint_name)
@@ -128,6 +134,8 @@ def load_weights(
         if name not in params:
             raise ValueError(f"unexpected weight {checkpoint_name!r} in {directory}")
         tensor = load()
+        if shard.is_split:
+            tensor = rank_share(name, tensor, tuple(params[name].shape), shard, name in vocabulary, fused.get(name))
         if tensor.shape != params[name].shape:
             raise ValueError(
                 f"weight {checkpoint_name!r} has shape {tuple(tensor.shape)}, "
@@ -138,6 +146,20 @@ def load_weights(
     missing = unwritten(params, loaded)
     if missing:
         raise ValueError(f"checkpoint {directory} lacks weights: {missing[:5]}")
+
+
+def _split_tensors(model: nn.Module) -> tuple[set[str], dict[str, tuple[int, int, int]]]:
+    """A split model's vocabulary tensors, and its fused q/k/v tensors with their local part sizes."""
+    vocabulary = {f"{name}.weight" for name, module in model.named_modules()
+                  if isinstance(module, (VocabularyEmbedding, VocabularyHead))}
+    fused = {}
+    for name, module in model.named_modules():
+        alias, parts = getattr(module, "alias", None), getattr(module, "parts", None)
+        if alias is not None and parts is not None and len(parts) == 3:
+            parent = name.rpartition(".")[0]
+            for kind in ("weight", "bias"):
+                fused[f"{parent}.{alias}.{kind}" if parent else f"{alias}.{kind}"] = tuple(parts.values())
+    return vocabulary, fused
 
 
 def unwritten(tensors: dict[str, torch.Tensor], written: set[str]) -> list[str]:

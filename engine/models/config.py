@@ -2,9 +2,10 @@
 config.json."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from engine.models.layout import ATTENTION_KINDS
+from engine.parallel.shard import TensorShard
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class TransformerConfig:
     rotary_dim: int | None = None  # RoPE rotates the first rotary_dim dims of a head; None: head_dim
     attention: str = "bidirectional"  # one of ATTENTION_KINDS (engine.models.layout)
     moe: MoEConfig | None = None
+    shard: TensorShard = field(default_factory=TensorShard)  # the rank these shapes are one share of
 
     def __post_init__(self):
         if self.head_dim is None:
@@ -61,6 +63,18 @@ class TransformerConfig:
             raise ValueError(f"rotary_dim {self.rotary_dim} must be even and in (0, head_dim {self.head_dim}]")
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+
+    def rank_share(self, shard: TensorShard) -> TransformerConfig:
+        """The shapes rank ``shard.rank`` holds: its heads, its part of each MLP and expert (vocabulary whole:
+        the embedding and head modules split it)."""
+        if not shard.is_split:
+            return self
+        moe = self.moe and replace(self.moe, moe_intermediate_size=shard.split(
+            self.moe.moe_intermediate_size, "moe_intermediate_size"))
+        return replace(self, num_heads=shard.split(self.num_heads, "attention heads"),
+                       num_kv_heads=shard.split_kv_heads(self.num_kv_heads), head_dim=self.head_dim,
+                       intermediate_size=shard.split(self.intermediate_size, "intermediate_size"), moe=moe,
+                       shard=shard)
 
 
 def qwen_transformer_config(config: dict, **fields) -> TransformerConfig:

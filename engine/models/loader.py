@@ -13,6 +13,7 @@ from engine.models.families import Family, detect_family
 from engine.models.layout import RowLayout
 from engine.models.options import ModelOptions
 from engine.models.transformer import BidirectionalTransformer
+from engine.parallel.shard import TensorShard
 from engine.rules.entropy_bound import CANVAS_SETTINGS
 
 TINY_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny"
@@ -29,6 +30,16 @@ class SpecialTokenIds:
     stop_ids: tuple[int, ...]  # EOS and end-of-turn: a committed one ends the request
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """What :func:`load_model` was given, so another process loads the same checkpoint the same way."""
+
+    model: str  # the checkpoint's directory
+    device: str
+    dtype: torch.dtype
+    options: ModelOptions
+
+
 @dataclass
 class DiffusionLM:
     """A loaded checkpoint: the transformer plus everything the engine must know about its family."""
@@ -43,6 +54,12 @@ class DiffusionLM:
     canvas_defaults: dict = field(default_factory=dict)  # a canvas model's sampler settings from its
     # generation_config.json (transformers' names)
     image_token_ids: tuple[int, ...] = ()  # ids only an image request carries: refused (text-only families)
+    source: ModelSource | None = None  # how it was loaded: a split model's other ranks load the same way
+
+    @property
+    def shard(self) -> TensorShard:
+        """The rank this model is one share of (size 1: the whole model)."""
+        return getattr(self.model.config, "shard", TensorShard())
 
     @property
     def logit_shift(self) -> int:
@@ -164,19 +181,22 @@ def apply_model_options(transformer: BidirectionalTransformer, options: ModelOpt
 
 
 def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
-               compile: bool = False, batch_invariant: bool = False) -> DiffusionLM:
+               compile: bool = False, batch_invariant: bool = False, tensor_parallel_size: int = 1,
+               rank: int = 0) -> DiffusionLM:
     """The checkpoint ``model`` on ``device`` in ``dtype``, run with the :class:`ModelOptions` ``compile``
     and ``batch_invariant`` by every engine it is given to (on CUDA, ``batch_invariant`` also applies
-    process-wide cuBLAS settings: ``engine.models.batch_invariance``)."""
+    process-wide cuBLAS settings: ``engine.models.batch_invariance``). With ``tensor_parallel_size`` N > 1,
+    rank ``rank``'s share of it: an engine with ``tensor_parallel_size=N`` loads the other ranks itself."""
     options = ModelOptions(compile=compile, batch_invariant=batch_invariant)
+    shard = TensorShard(rank, tensor_parallel_size)
     directory = resolve_model_dir(model)
     config = read_json(directory / "config.json")
     family = detect_family(config, directory)
     layout = family.layout(config)  # a layout the engine would decode wrongly is refused here
-    transformer_config = family.transformer_config(config)
+    transformer_config = family.transformer_config(config).rank_share(shard)
     with torch.device("meta"):
         transformer = (family.model_class or BidirectionalTransformer)(transformer_config)
-    load_weights(transformer, directory, family.weight_names.ours, torch.device(device), resolve_dtype(dtype))
+    load_weights(transformer, directory, family.weight_names.ours, torch.device(device), resolve_dtype(dtype), shard)
     transformer.eval().requires_grad_(False)
     apply_model_options(transformer, options)
     tokenizer = load_tokenizer(directory)
@@ -186,7 +206,8 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     return DiffusionLM(name=str(model), family=family.name, model=transformer, tokenizer=tokenizer,
                        special_ids=special_ids, layout=layout, max_length=transformer_config.max_position_embeddings,
                        canvas_defaults=canvas_defaults(generation_config),
-                       image_token_ids=family.image_tokens(config) if family.image_tokens else ())
+                       image_token_ids=family.image_tokens(config) if family.image_tokens else (),
+                       source=ModelSource(str(directory), str(device), resolve_dtype(dtype), options))
 
 
 def canvas_defaults(generation_config: dict) -> dict:

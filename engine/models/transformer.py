@@ -35,6 +35,8 @@ from engine.models.options import ModelOptions
 from engine.models.packed_step import PartPlan, StepPlan, packed_tokens, plan_step, rotary_dtype
 from engine.models.projections import MLP, FusedLinear, fused_projection
 from engine.models.step_inputs import RefreshPart, WindowPart
+from engine.parallel import vocab
+from engine.parallel.shard import all_reduce
 
 
 def each_row(function, x: torch.Tensor, spans: tuple[tuple[int, int], ...] | None) -> torch.Tensor:
@@ -119,6 +121,7 @@ class Attention(nn.Module):
 class Layer(nn.Module):
     def __init__(self, config: TransformerConfig, index: int):
         super().__init__()
+        self.shard = config.shard  # split: attention and MLP outputs are partial sums, added over the ranks
         self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.attention = Attention(config)
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -130,11 +133,11 @@ class Layer(nn.Module):
             self.mlp = MoE(config.hidden_size, moe, MLP(config.hidden_size, shared) if shared else None)
 
     def forward(self, x: torch.Tensor, plan: StepPlan, layer: int) -> torch.Tensor:
-        x = x + self.attention(self.input_norm(x), plan, layer)
+        x = x + all_reduce(self.attention(self.input_norm(x), plan, layer), self.shard)
         spans = plan.token_spans if self.attention.batch_invariant else None
         if isinstance(self.mlp, MoE):  # per row in batch-invariant mode, routing included
-            return x + self.mlp(self.post_attention_norm(x), spans)
-        return x + each_row(self.mlp, self.post_attention_norm(x), spans)
+            return x + all_reduce(self.mlp(self.post_attention_norm(x), spans), self.shard)
+        return x + all_reduce(each_row(self.mlp, self.post_attention_norm(x), spans), self.shard)
 
 
 class BidirectionalTransformer(nn.Module):
@@ -147,10 +150,10 @@ class BidirectionalTransformer(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = vocab.embedding(config.vocab_size, config.hidden_size, config.shard)
         self.layers = nn.ModuleList(Layer(config, index) for index in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = vocab.head(config.hidden_size, config.vocab_size, config.shard)
         self.tie_weights()
         self.options = ModelOptions()
         self.compiled = None  # a CompiledForward when options.compile

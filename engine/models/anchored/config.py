@@ -2,11 +2,13 @@
 YaRN rotary tables and Llama-4's per-position query scale, as its ``config.json`` gives them."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from engine.parallel.shard import TensorShard
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,16 @@ class AnchoredConfig:
     max_position_embeddings: int
     rope_parameters: dict = field(default_factory=dict)  # transformers' names, ``rope_theta`` and ``rope_type``
     # included: "yarn" (the release's) or "default"
+    shard: TensorShard = field(default_factory=TensorShard)  # the rank these shapes are one share of
+
+    def rank_share(self, shard: TensorShard) -> AnchoredConfig:
+        """The shapes rank ``shard.rank`` holds: its heads and its part of the MLP (vocabulary whole: the
+        embedding and head modules split it)."""
+        if not shard.is_split:
+            return self
+        return replace(self, num_heads=shard.split(self.num_heads, "attention heads"),
+                       num_kv_heads=shard.split_kv_heads(self.num_kv_heads),
+                       intermediate_size=shard.split(self.intermediate_size, "intermediate_size"), shard=shard)
 
     @property
     def query_scale_beta(self) -> float | None:

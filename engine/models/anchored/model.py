@@ -15,6 +15,8 @@ from engine.models.anchored.config import AnchoredConfig
 from engine.models.anchored.spans import SpanPlan, SpanStep, plan_spans, split_by_row
 from engine.models.layers import RMSNorm, attend, rotate_
 from engine.models.options import ModelOptions
+from engine.parallel import vocab
+from engine.parallel.shard import all_reduce
 
 Groups = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]  # per group of rows: packed
 # token indices, their box indices, the rows' slots, the mask [rows, 1, span, width] (engine.models.anchored.spans)
@@ -90,12 +92,15 @@ class Layer(nn.Module):
             ("gate_proj", (config.hidden_size, config.intermediate_size)),
             ("up_proj", (config.hidden_size, config.intermediate_size)),
             ("down_proj", (config.intermediate_size, config.hidden_size)))})
+        self.shard = config.shard  # split: attention and MLP outputs are partial sums, added over the ranks
 
     def forward(self, x, positions, write_slots, groups, cos, signed_sin, query_scale, keys, values):
-        x = x + self.self_attn(self.input_layernorm(x), positions, write_slots, groups, cos, signed_sin, query_scale,
-                               keys, values)
+        attended = self.self_attn(self.input_layernorm(x), positions, write_slots, groups, cos, signed_sin, query_scale,
+                                  keys, values)
+        x = x + all_reduce(attended, self.shard)
         h = self.post_attention_layernorm(x)
-        return x + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](h)) * self.mlp["up_proj"](h))
+        return x + all_reduce(self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](h)) * self.mlp["up_proj"](h)),
+                              self.shard)
 
 
 def run_layers(model: AnchoredTransformer, x: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
@@ -131,10 +136,10 @@ class AnchoredTransformer(nn.Module):
     def __init__(self, config: AnchoredConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = vocab.embedding(config.vocab_size, config.hidden_size, config.shard)
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.head = vocab.head(config.hidden_size, config.vocab_size, config.shard)
         self.options = ModelOptions()
         self.compiled: CompiledLayers | None = None
         self._rope: tuple[torch.Tensor, float] | None = None  # computed on first use (the loader builds on meta)

@@ -7,10 +7,12 @@ from the key projection (no ``v_proj``), and a "proportional" partial RoPE.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
+
+from engine.parallel.shard import TensorShard
 
 LayerKind = Literal["sliding", "global"]
 LAYER_KINDS = {"sliding_attention": "sliding", "full_attention": "global"}
@@ -57,6 +59,18 @@ class GemmaTextConfig:
     final_logit_softcapping: float = 30.0
     max_position_embeddings: int = 131_072
     tie_word_embeddings: bool = True
+    shard: TensorShard = field(default_factory=TensorShard)  # the rank these shapes are one share of
+
+    def rank_share(self, shard: TensorShard) -> GemmaTextConfig:
+        """The shapes rank ``shard.rank`` holds: its heads and key/value heads of each layer, its part of the dense
+        MLP, of each expert and of the self-conditioning MLP (vocabulary whole: the embedding splits it)."""
+        if not shard.is_split:
+            return self
+        layers = tuple(replace(layer, num_kv_heads=shard.split_kv_heads(layer.num_kv_heads)) for layer in self.layers)
+        return replace(self, num_heads=shard.split(self.num_heads, "attention heads"), layers=layers,
+                       intermediate_size=shard.split(self.intermediate_size, "intermediate_size"),
+                       moe_intermediate_size=shard.split(self.moe_intermediate_size, "moe_intermediate_size"),
+                       shard=shard)
 
     @property
     def num_layers(self) -> int:

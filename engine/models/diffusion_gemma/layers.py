@@ -14,6 +14,7 @@ from torch import nn
 
 from engine.models.diffusion_gemma.config import GemmaTextConfig, LayerShape
 from engine.models.moe import gelu_tanh, grouped_experts, sort_by_expert
+from engine.parallel.shard import all_reduce
 
 
 class GemmaRMSNorm(nn.Module):
@@ -145,8 +146,9 @@ class SelfConditioning(nn.Module):
         self.gate_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, hidden, bias=False)
+        self.shard = config.shard
 
     def forward(self, embeddings: torch.Tensor, soft_embeddings: torch.Tensor) -> torch.Tensor:
         normed = self.pre_norm(soft_embeddings)
-        signal = self.down_proj(gelu_tanh(self.gate_proj(normed)) * self.up_proj(normed))
+        signal = all_reduce(self.down_proj(gelu_tanh(self.gate_proj(normed)) * self.up_proj(normed)), self.shard)
         return self.post_norm(embeddings + signal)

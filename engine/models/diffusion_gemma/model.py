@@ -24,6 +24,8 @@ from engine.models.diffusion_gemma.layers import (
 )
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePlan, StorePlan, plan_decode, plan_store, split_by_row
 from engine.models.options import ModelOptions
+from engine.parallel import vocab
+from engine.parallel.shard import all_reduce, gather_vocabulary
 
 
 class DecoderLayer(nn.Module):
@@ -41,12 +43,14 @@ class DecoderLayer(nn.Module):
             setattr(self, name, GemmaRMSNorm(hidden, eps))
         self.register_buffer("layer_scalar", torch.ones(1))  # the decoder's
         self.register_buffer("encoder_layer_scalar", torch.ones(1))  # the encoder's, kept apart
+        self.shard = config.shard  # split: attention, MLP and experts give partial sums, added before their norms
 
     def forward(self, x: torch.Tensor, attention, num_store: int) -> torch.Tensor:
-        x = x + self.post_attention_layernorm(attention(self.input_layernorm(x)))
-        dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + self.post_attention_layernorm(all_reduce(attention(self.input_layernorm(x)), self.shard))
+        dense = self.post_feedforward_layernorm_1(all_reduce(self.mlp(self.pre_feedforward_layernorm(x)), self.shard))
         weights, experts = self.router(x)
-        routed = self.post_feedforward_layernorm_2(self.experts(self.pre_feedforward_layernorm_2(x), weights, experts))
+        routed = self.experts(self.pre_feedforward_layernorm_2(x), weights, experts)
+        routed = self.post_feedforward_layernorm_2(all_reduce(routed, self.shard))
         x = x + self.post_feedforward_layernorm(dense + routed)
         scalars = torch.cat([self.encoder_layer_scalar.expand(num_store),
                              self.layer_scalar.expand(x.shape[0] - num_store)])
@@ -57,7 +61,7 @@ class DiffusionGemmaTransformer(nn.Module):
     def __init__(self, config: GemmaTextConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = vocab.embedding(config.vocab_size, config.hidden_size, config.shard)
         self.layers = nn.ModuleList(DecoderLayer(config, shape) for shape in config.layers)
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_conditioning = SelfConditioning(config)
@@ -157,7 +161,8 @@ class DiffusionGemmaTransformer(nn.Module):
         if self.options.batch_invariant and hidden.shape[0] > 1:
             return torch.cat([self.logits(row) for row in hidden.split(1)])
         cap = self.config.final_logit_softcapping
-        logits = F.linear(hidden, self.embed_tokens.weight).float()
+        logits = gather_vocabulary(F.linear(hidden, self.embed_tokens.weight), self.config.shard,
+                                   self.config.vocab_size).float()
         return logits.div_(cap).tanh_().mul_(cap)
 
     def soft_embeddings(self, processed_logits: torch.Tensor) -> torch.Tensor:
@@ -167,7 +172,11 @@ class DiffusionGemmaTransformer(nn.Module):
             return torch.cat([self.soft_embeddings(row) for row in processed_logits.split(1)])
         probabilities = processed_logits.to(self.dtype).softmax(dim=-1, dtype=torch.float32).to(self.dtype)
         scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(self.dtype)
-        return torch.matmul(probabilities, self.embed_tokens.weight) * scale
+        if not self.config.shard.is_split:
+            return torch.matmul(probabilities, self.embed_tokens.weight) * scale
+        # each rank's vocabulary rows weigh its own embeddings; the sum over ranks is the whole product
+        partial = torch.matmul(self.embed_tokens.share(probabilities), self.embed_tokens.weight)
+        return all_reduce(partial, self.config.shard) * scale
 
     def rotary_tables(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Each layer kind's ``cos``, ``sin`` at ``positions``, computed once per kind, not once per layer."""

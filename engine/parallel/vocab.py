@@ -1,0 +1,61 @@
+"""The vocabulary split by rows over the ranks: each rank embeds the ids in its rows and computes their logits.
+
+An id outside a rank's rows embeds as zeros there, so the all-reduce of the embeddings is exact (one rank adds
+the row, the others add zeros). Logits are joined by an all-gather; a step reads few positions, so that is
+``[positions, vocab]`` once per step. The last rank's rows past the vocabulary are zeros and are cut away.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.parallel.shard import TensorShard, all_reduce, gather_vocabulary
+
+
+class VocabularyEmbedding(nn.Module):
+    """``nn.Embedding`` of one rank's vocabulary rows (``weight [rows, hidden]``), summed over the ranks."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, shard: TensorShard):
+        super().__init__()
+        self.shard, self.vocab_size = shard, vocab_size
+        self.rows = shard.vocabulary_rows(vocab_size)
+        self.first = shard.rank * self.rows
+        self.weight = nn.Parameter(torch.empty(self.rows, hidden_size))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        local = tokens - self.first
+        outside = (local < 0) | (local >= self.rows)
+        embedded = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[..., None], 0)
+        return all_reduce(embedded, self.shard)
+
+    def share(self, full: torch.Tensor) -> torch.Tensor:
+        """``full [..., vocab]`` (probabilities) cut to this rank's rows, padded with zeros past the vocabulary."""
+        piece = full[..., self.first:self.first + self.rows]
+        return F.pad(piece, (0, self.rows - piece.shape[-1])) if piece.shape[-1] < self.rows else piece
+
+
+class VocabularyHead(nn.Module):
+    """The LM head over one rank's vocabulary rows; the logits of every rank joined on each."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, shard: TensorShard):
+        super().__init__()
+        self.shard, self.vocab_size = shard, vocab_size
+        self.weight = nn.Parameter(torch.empty(shard.vocabulary_rows(vocab_size), hidden_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return gather_vocabulary(F.linear(hidden, self.weight), self.shard, self.vocab_size)
+
+
+def embedding(vocab_size: int, hidden_size: int, shard: TensorShard) -> nn.Module:
+    """``nn.Embedding`` on one device, else this rank's :class:`VocabularyEmbedding` (same ``weight`` name)."""
+    if not shard.is_split:
+        return nn.Embedding(vocab_size, hidden_size)
+    return VocabularyEmbedding(vocab_size, hidden_size, shard)
+
+
+def head(hidden_size: int, vocab_size: int, shard: TensorShard) -> nn.Module:
+    """A bias-free LM head on one device, else this rank's :class:`VocabularyHead` (same ``weight`` name)."""
+    if not shard.is_split:
+        return nn.Linear(hidden_size, vocab_size, bias=False)
+    return VocabularyHead(hidden_size, vocab_size, shard)
