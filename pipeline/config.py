@@ -27,9 +27,10 @@ class _Section(BaseModel):
 class ActorsConfig(_Section):
     num_actors: int | None = Field(None, ge=1, description="None: one per GPU of the cluster (GPU actors) "
                                    "or 1 (CPU actors)")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs per actor; 0 means CPU actors")
-    num_cpus: float = Field(1.0, gt=0, description="CPUs per actor; keep it below the node's cores so "
-                            "reads can run")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per actor, one per rank (engine.tensor_parallel_size); "
+                            "0 means CPU actors")
+    num_cpus: float = Field(1.0, gt=0, description="CPUs per actor (a CPU engine's: per rank); keep it below the "
+                            "node's cores so reads can run")
     batch_size: int = Field(64, ge=1, description="rows per Ray Data batch handed to an actor")
     max_concurrent_batches: int = Field(4, ge=1, description="batches one actor holds in flight, sharing "
                                         "its engine")
@@ -85,6 +86,10 @@ class PipelineConfig(ActorConfig):
     def _device_matches_resources(self) -> PipelineConfig:
         if self.device == "cuda" and self.actors.num_gpus == 0:
             raise ValueError("device 'cuda' needs actors.num_gpus > 0")
+        ranks = self.engine.tensor_parallel_size
+        if self.actors.num_gpus and self.actors.num_gpus != ranks:
+            raise ValueError(f"actors.num_gpus={self.actors.num_gpus:g} but engine.tensor_parallel_size={ranks}: an "
+                             f"actor's engine runs one rank per GPU, so set actors.num_gpus: {ranks}")
         return self
 
     @model_validator(mode="after")

@@ -60,10 +60,12 @@ def connect_ray() -> None:
 
 
 def number_of_actors(config: PipelineConfig, num_blocks: int) -> int:
-    """Configured, else one per GPU of the cluster (GPU mode) or one (CPU); never more than blocks."""
+    """Configured, else as many as the cluster's nodes hold (GPU mode: each node's GPUs over an actor's, which
+    is one per rank) or one (CPU); never more than blocks."""
     wanted = config.actors.num_actors
     if wanted is None and config.uses_gpus:
-        wanted = int(ray.cluster_resources().get("GPU", 0) // config.actors.num_gpus)
+        wanted = sum(int(node["Resources"].get("GPU", 0) // config.actors.num_gpus)
+                     for node in ray.nodes() if node.get("Alive"))
         if wanted == 0:
             raise ConfigError("the cluster has no GPUs yet: set actors.num_actors (the autoscaler adds "
                               "GPU nodes for them) or run CPU actors with actors.num_gpus: 0")

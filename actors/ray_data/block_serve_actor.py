@@ -120,6 +120,14 @@ class BlockServeActor:
         return self.placement.in_ray_actor
 
     @property
+    def devices(self) -> list[str]:
+        """The devices the engine's ranks run on: this actor's, and one more per rank on a GPU."""
+        ranks = self.engine.config.tensor_parallel_size
+        if self.device.type != "cuda":
+            return [str(self.device)] * ranks
+        return [f"cuda:{(self.device.index or 0) + rank}" for rank in range(ranks)]
+
+    @property
     def row_placement(self) -> dict[str, str]:
         """Where a row ran: the ``actor_id``, ``node_id`` and ``device`` columns."""
         return dict(actor_id=self.actor_id, node_id=self.placement.node_id, device=str(self.device))
@@ -170,7 +178,8 @@ class BlockServeActor:
         engine_stats = self.loop.stats.to_dict()
         identity = {"actor_id": self.actor_id, "instance_id": self.instance_id,
                     "node_id": self.placement.node_id, "device": str(self.device), "model": self.model_name,
-                    "restarted": self.restarted, "block_length": self.engine.config.block_length}
+                    "restarted": self.restarted, "block_length": self.engine.config.block_length,
+                    "tensor_parallel_size": self.engine.config.tensor_parallel_size, "devices": self.devices}
         compiled = self.engine.lm.model.compiled
         return self.stats.snapshot(
             identity, busy_s=engine_stats["elapsed_s"], active_s=self.loop.active_s, idle_s=self.loop.idle_s,

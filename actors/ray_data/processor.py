@@ -69,8 +69,9 @@ class BlockServeProcessorConfig(OfflineProcessorConfig):
                                           "and a field given both ways is an error")
     actor: ActorConfig = Field(default_factory=ActorConfig, description="the actor's settings "
                                "(actors/ray_data/actor_config.py); its model is model_source")
-    num_gpus_per_actor: float = Field(0.0, ge=0.0, description="0 on CPU clusters; 1 per engine on GPUs")
-    num_cpus_per_actor: float = Field(1.0, gt=0.0, description="CPUs per actor")
+    num_gpus_per_actor: float = Field(0.0, ge=0.0, description="0 on CPU clusters; on GPUs, one per rank: "
+                                      "the engine's tensor_parallel_size")
+    num_cpus_per_actor: float = Field(1.0, gt=0.0, description="CPUs per actor (a CPU engine's: per rank)")
     max_restarts: int = Field(16, ge=-1, description="times Ray restarts an actor whose process died, then "
                               "its batches fail the job; with actor.stats_actor, at least max_batch_deaths + "
                               "max_isolation_deaths; -1: no limit")
@@ -101,6 +102,20 @@ class BlockServeProcessorConfig(OfflineProcessorConfig):
             if problem:
                 raise ValueError(problem)
         return self
+
+    @model_validator(mode="after")
+    def _one_gpu_per_rank(self) -> BlockServeProcessorConfig:
+        ranks = self.actor.engine.tensor_parallel_size
+        if self.num_gpus_per_actor and self.num_gpus_per_actor != ranks:
+            raise ValueError(f"num_gpus_per_actor={self.num_gpus_per_actor:g} but engine tensor_parallel_size={ranks}: "
+                             f"an actor's engine runs one rank per GPU, so set num_gpus_per_actor={ranks}")
+        return self
+
+    @property
+    def actor_cpus(self) -> float:
+        """CPUs an actor reserves: ``num_cpus_per_actor`` for each rank of a CPU engine, else as given."""
+        ranks = self.actor.engine.tensor_parallel_size
+        return self.num_cpus_per_actor * (ranks if not self.num_gpus_per_actor else 1)
 
     @field_validator("actor_class")
     @classmethod
@@ -180,7 +195,7 @@ def build_blockserve_processor(config: BlockServeProcessorConfig, preprocess=Non
                 max_tasks_in_flight_per_actor=(config.max_tasks_in_flight_per_actor
                                                or config.max_concurrent_batches)),
             max_concurrency=config.max_concurrent_batches, accelerator_type=config.accelerator_type,
-            num_gpus=config.num_gpus_per_actor or None, num_cpus=config.num_cpus_per_actor,
+            num_gpus=config.num_gpus_per_actor or None, num_cpus=config.actor_cpus,
             runtime_env=config.runtime_env, max_restarts=config.max_restarts,
             max_task_retries=config.max_task_retries))
     return Processor(config, [stage], preprocess=preprocess, postprocess=postprocess,

@@ -199,9 +199,17 @@ class BlockServeOpenAI:
             loop.stop()
 
 
+def replica_resources(config: ServeAppConfig) -> dict[str, float]:
+    """What one replica reserves: a GPU per rank of its engine (tensor_parallel_size), or on the CPU a core per rank."""
+    ranks = config.engine_config().tensor_parallel_size
+    return {"num_gpus": ranks, "num_cpus": 1} if config.device.startswith("cuda") else {"num_cpus": ranks}
+
+
 def build_deployment_app(config: ServeAppConfig, **deployment_options: Any) -> Application:
-    """The application, with Serve deployment options (e.g. ``ray_actor_options``) set in code."""
-    deployment = BlockServeOpenAI.options(**deployment_options) if deployment_options else BlockServeOpenAI
+    """The application, with Serve deployment options (e.g. ``ray_actor_options``) set in code. A replica
+    reserves :func:`replica_resources` unless ``ray_actor_options`` says otherwise."""
+    deployment_options.setdefault("ray_actor_options", replica_resources(config))
+    deployment = BlockServeOpenAI.options(**deployment_options)
     return deployment.bind(config.model_dump())
 
 
