@@ -54,6 +54,12 @@ EXPERIMENTS: dict[str, Experiment] = {
     "prefix-cache": Experiment("research.prefix_cache", SCALE_FLAG, OUT_DIR, False,
                                "prefix caching on vs off: a shared instruction and a chat replay, SDAR, LLaDA2 "
                                "and DiffusionGemma"),
+    "tensor-parallel-cpu": Experiment("research.tensor_parallel_cpu",
+                                      ScaleArgs(("--hidden", "64", "--layers", "2", "--prompts", "4",
+                                                 "--new-tokens", "8", "--rounds", "1"), ("--rounds", "1"), ()),
+                                      OUT_DIR, False,
+                                      "tensor_parallel_size 2 against 1 on the CPU: tokens, step time and bytes "
+                                      "between ranks per step on a wider SDAR-shaped model"),
     "tensor-parallel": Experiment("research.tensor_parallel_projection", ScaleArgs(), OUT_DIR, False,
                                   "DiffusionGemma 26B-A4B at TP 2 and 4 on L40S and A10G, LLaDA2.0-flash at TP 4 "
                                   "on H100: memory per GPU and step time projected"),
