@@ -48,18 +48,35 @@ def test_batch_invariant_bf16_two_ranks_keep_a_rows_tokens_whatever_its_batch():
         assert tokens(split, PROMPTS) == [tokens(split, [prompt])[0] for prompt in PROMPTS]
 
 
-def test_a_step_sums_attention_and_mlp_once_per_layer_and_gathers_the_read_logits():
+def test_a_greedy_step_sums_each_layer_twice_and_gathers_three_numbers_a_position_not_the_logits():
     model = FIXTURES / "tiny-sdar"
     with BlockServeEngine.from_pretrained(model, EngineConfig(max_batch_size=4, tensor_parallel_size=2),
                                           dtype="float64") as split:
-        layers = len(split.lm.model.layers)
+        layers, hidden = len(split.lm.model.layers), split.lm.model.config.hidden_size
         for prompt in PROMPTS:
             split.add_request(prompt, PARAMS)
         TRAFFIC.reset()
         split.step()
-        assert TRAFFIC.calls == 1 + 2 * layers + 1  # embedding, attention and MLP of each layer, logits
-        assert TRAFFIC.all_reduce_bytes > 0 and TRAFFIC.all_gather_bytes > 0
+        assert TRAFFIC.calls == 1 + 2 * layers + 1  # embedding, attention and MLP of each layer, candidates
+        tokens = TRAFFIC.all_reduce_bytes // (8 * hidden * (1 + 2 * layers))  # each all-reduce: [tokens, hidden]
+        assert TRAFFIC.all_reduce_bytes == tokens * 8 * hidden * (1 + 2 * layers)
+        assert TRAFFIC.all_gather_bytes % (3 * 8) == 0 and 0 < TRAFFIC.all_gather_bytes // 24 <= tokens
         assert split.ranks.bytes_sent > 0
+
+
+def test_sampled_rows_and_log_probabilities_join_the_logits_and_keep_one_devices_tokens():
+    model = FIXTURES / "tiny-llada2"
+    sampled = SamplingParams(max_new_tokens=16, stop_at_eos=False, seed=7, temperature=0.8, logprobs=2)
+    whole = BlockServeEngine.from_pretrained(model, EngineConfig(max_batch_size=4), dtype="float64")
+    expected = [(o.token_ids, o.logprobs) for o in whole.generate(PROMPTS, sampled)]
+    with BlockServeEngine.from_pretrained(model, EngineConfig(max_batch_size=4, tensor_parallel_size=2),
+                                          dtype="float64") as split:
+        answers = [(o.token_ids, o.logprobs) for o in split.generate(PROMPTS, sampled)]
+    assert [tokens for tokens, _ in answers] == [tokens for tokens, _ in expected]
+    for (_, ours), (_, theirs) in zip(answers, expected):
+        assert [p.token_id for p in ours] == [p.token_id for p in theirs]
+        # log-probabilities are float32: a last-bit difference of a float64 logit may round either way
+        assert [p.logprob for p in ours] == pytest.approx([p.logprob for p in theirs], rel=1e-5, abs=1e-6)
 
 
 def test_a_size_that_does_not_divide_the_heads_is_refused_by_name():

@@ -252,19 +252,25 @@ class BidirectionalTransformer(nn.Module):
         return torch.stack(counts) if counts else None
 
     def logits(self, hidden: torch.Tensor, at: tuple[torch.Tensor, torch.Tensor] | None = None,
-               row_spans: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
+               row_spans: tuple[tuple[int, int], ...] | None = None, local: bool = False) -> torch.Tensor:
         """Logits of hidden states ``[rows, n, hidden]``, or with ``at`` = (rows, columns) ``[positions]``
         of those positions only, ``[positions, vocab]``. Batch-invariant mode runs each row on its own
-        (``row_spans``: (first position, count) of each row's positions)."""
+        (``row_spans``: (first position, count) of each row's positions). ``local``: a split model's own
+        vocabulary columns only (``lm_head.first`` on), not joined over the ranks."""
         if at is not None:
             hidden = hidden[at]
+        head = self._local_head if local else self._head
         if self.layers[0].attention.batch_invariant:
             if hidden.dim() == 3 and hidden.shape[0] > 1:
-                return torch.cat([self.logits(row) for row in hidden.split(1)])
+                return torch.cat([self.logits(row, local=local) for row in hidden.split(1)])
             if row_spans is not None and len(row_spans) > 1:
-                return each_row(self._head, hidden, row_spans)
-        return self._head(hidden)
+                return each_row(head, hidden, row_spans)
+        return head(hidden)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(self.norm(hidden))
+        return logits * self.config.logit_scale if self.config.logit_scale != 1.0 else logits
+
+    def _local_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head.local(self.norm(hidden))
         return logits * self.config.logit_scale if self.config.logit_scale != 1.0 else logits

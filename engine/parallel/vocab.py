@@ -42,9 +42,14 @@ class VocabularyHead(nn.Module):
         super().__init__()
         self.shard, self.vocab_size = shard, vocab_size
         self.weight = nn.Parameter(torch.empty(shard.vocabulary_rows(vocab_size), hidden_size))
+        self.first = shard.rank * self.weight.shape[0]  # the id of this rank's first row
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return gather_vocabulary(F.linear(hidden, self.weight), self.shard, self.vocab_size)
+        return gather_vocabulary(self.local(hidden), self.shard, self.vocab_size)
+
+    def local(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's columns of the logits, ``[..., rows]``: ids ``first`` on."""
+        return F.linear(hidden, self.weight)
 
 
 def embedding(vocab_size: int, hidden_size: int, shard: TensorShard) -> nn.Module:

@@ -14,6 +14,7 @@ import torch
 
 from engine.config import EngineConfig, window_lookback
 from engine.models.loader import DiffusionLM
+from engine.parallel.candidates import split_candidates
 from engine.rules.base import BlockRule, BlockView, RowState, RowStep
 from engine.rules.proposals import Sampling, gumbel_noise, propose_tokens
 from engine.runner.batch import PersistentBatch
@@ -79,12 +80,7 @@ class ModelRunner:
         positions = inputs.positions
         hidden = self.lm.model.forward_step(inputs.refresh, inputs.window, self.batch.kv_cache)
         at = (positions.rows, positions.offsets)
-        logits = self.lm.model.logits(hidden, at, positions.spans).unsqueeze(1)  # [positions, 1, vocab]
-        if inputs.bias is not None:  # once, for the rule and the log-probabilities alike
-            logits = apply_logit_bias(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32),
-                                      inputs.bias.rows, inputs.bias.values)
-        candidates, confidence = propose_tokens(logits, self.lm.special_ids.mask_id,
-                                                self._sampling(inputs, logits.shape[-1]), measure=self.rule.measure)
+        logits, (candidates, confidence) = self._propose(inputs, hidden, at)
         blocks = self.batch.block_tokens(inputs.slots, inputs.block_columns)
         computed = (torch.zeros_like(blocks, dtype=torch.bool).index_put_(at, torch.ones_like(positions.rows,
                                                                                              dtype=torch.bool))
@@ -107,6 +103,23 @@ class ModelRunner:
         if inputs.logprobs is not None:
             self._attach_logprobs(inputs, results)
         return results
+
+    def _propose(self, inputs: StepBatch, hidden: torch.Tensor, at: tuple[torch.Tensor, torch.Tensor]
+                 ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
+        """The step's logits ``[positions, 1, vocab]`` and each position's candidate and confidence. A split
+        model's greedy step whose rule ranks by probability joins no logits (``engine.parallel.candidates``)."""
+        spans, mask_id = inputs.positions.spans, self.lm.special_ids.mask_id
+        if self.lm.shard.is_split and self.rule.measure == "probability" and (
+                inputs.bias is None and inputs.sampled is None and inputs.logprobs is None):
+            local = self.lm.model.logits(hidden, at, spans, local=True).unsqueeze(1)
+            head = self.lm.model.lm_head
+            return None, split_candidates(local, self.lm.shard, head.first, self.lm.vocab_size, mask_id)
+        logits = self.lm.model.logits(hidden, at, spans).unsqueeze(1)
+        if inputs.bias is not None:  # once, for the rule and the log-probabilities alike
+            logits = apply_logit_bias(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32),
+                                      inputs.bias.rows, inputs.bias.values)
+        sampling = self._sampling(inputs, logits.shape[-1])
+        return logits, propose_tokens(logits, mask_id, sampling, measure=self.rule.measure)
 
     @staticmethod
     def _sampling(inputs: StepBatch, vocab_size: int) -> Sampling | None:
