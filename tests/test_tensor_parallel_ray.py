@@ -87,6 +87,25 @@ def test_an_actor_with_fewer_gpus_than_ranks_is_refused_by_name():
         BlockServeProcessorConfig(model_source=MODEL, engine_kwargs=ENGINE, num_gpus_per_actor=1)
 
 
+@pytest.mark.parametrize("name", ["diffusiongemma-26b-a4b-tp4", "llada2-flash"])
+def test_the_shipped_split_configs_ask_one_gpu_per_rank(name):
+    from pipeline.config import load_config
+
+    config = load_config(FIXTURES.parents[1] / "configs" / f"{name}.yaml")
+    assert config.dtype == "bfloat16" and config.engine.token_budget
+    assert config.actors.num_gpus == config.engine.tensor_parallel_size == 4
+
+
+def test_a_job_whose_actors_have_fewer_gpus_than_ranks_is_refused_by_name(tmp_path):
+    from pipeline.config import ConfigError, load_config
+
+    path = tmp_path / "split.yaml"
+    path.write_text("input: a.jsonl\noutput: o\ndevice: cuda\nactors: {num_gpus: 1}\n"
+                    "engine: {tensor_parallel_size: 4}\n")
+    with pytest.raises(ConfigError, match="actors.num_gpus=1 but engine.tensor_parallel_size=4"):
+        load_config(path)
+
+
 def test_a_serve_replica_runs_a_split_engine_and_reserves_a_device_per_rank(ray_cluster, expected):
     from ray import serve
 
