@@ -64,8 +64,11 @@ def number_of_actors(config: PipelineConfig, num_blocks: int) -> int:
     is one per rank) or one (CPU); never more than blocks."""
     wanted = config.actors.num_actors
     if wanted is None and config.uses_gpus:
-        wanted = sum(int(node["Resources"].get("GPU", 0) // config.actors.num_gpus)
-                     for node in ray.nodes() if node.get("Alive"))
+        per_actor = config.actors.num_gpus
+        wanted = int(ray.cluster_resources().get("GPU", 0) // per_actor)
+        if per_actor > 1:  # a split engine's GPUs sit on one node: count each node's whole actors
+            wanted = min(wanted, sum(int(node["Resources"].get("GPU", 0) // per_actor)
+                                     for node in ray.nodes() if node.get("Alive")))
         if wanted == 0:
             raise ConfigError("the cluster has no GPUs yet: set actors.num_actors (the autoscaler adds "
                               "GPU nodes for them) or run CPU actors with actors.num_gpus: 0")

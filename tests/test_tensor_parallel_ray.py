@@ -96,6 +96,20 @@ def test_the_shipped_split_configs_ask_one_gpu_per_rank(name):
     assert config.actors.num_gpus == config.engine.tensor_parallel_size == 4
 
 
+def test_a_job_places_as_many_split_actors_as_the_nodes_hold_whole(monkeypatch):
+    import ray
+
+    from pipeline.config import load_config
+    from pipeline.run import number_of_actors
+
+    config = load_config(FIXTURES.parents[1] / "configs" / "llada2-flash.yaml")  # four GPUs an actor
+    nodes = [{"Alive": True, "Resources": {"GPU": 6.0}}, {"Alive": True, "Resources": {"GPU": 2.0}},
+             {"Alive": False, "Resources": {"GPU": 8.0}}]
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 8.0})
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    assert number_of_actors(config, num_blocks=100) == 1  # 8 GPUs, but no node holds a second actor's 4
+
+
 def test_a_job_whose_actors_have_fewer_gpus_than_ranks_is_refused_by_name(tmp_path):
     from pipeline.config import ConfigError, load_config
 
@@ -108,18 +122,19 @@ def test_a_job_whose_actors_have_fewer_gpus_than_ranks_is_refused_by_name(tmp_pa
 
 def test_a_serve_replica_runs_a_split_engine_and_reserves_a_device_per_rank(ray_cluster, expected):
     from ray import serve
+    from ray.serve.context import _get_global_client
 
     from actors.serving.serve_app import ServeAppConfig, build_deployment_app, replica_resources
 
     config = ServeAppConfig(model=MODEL, served_model_name="split", engine=ENGINE, device="cpu")
     assert replica_resources(config) == {"num_cpus": 2}
     assert replica_resources(config.model_copy(update={"device": "cuda"})) == {"num_gpus": 2, "num_cpus": 1}
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
+    http = _get_global_client().http_config  # an earlier module may have started Serve on its port
     serve.run(build_deployment_app(config, ray_actor_options={"num_cpus": 0.5}), name="split", route_prefix="/split")
     try:
         body = {"model": "split", "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "ignore_eos": True}
-        answer = httpx.post(f"http://127.0.0.1:{port}/split/v1/completions", json=body, timeout=120).json()
+        answer = httpx.post(f"http://127.0.0.1:{http.port}/split/v1/completions", json=body, timeout=120).json()
     finally:
         serve.delete("split")
     reference = BlockServeEngine.from_pretrained(MODEL, EngineConfig(max_batch_size=4)).lm.tokenizer
