@@ -41,6 +41,17 @@ def test_two_ranks_give_one_devices_tokens_batched_and_alone(family):
     assert all(gone(pid) for pid in split.ranks.pids)
 
 
+def test_four_ranks_over_two_key_value_heads_replicate_each_and_keep_one_devices_tokens():
+    model = FIXTURES / "tiny-llada2"  # 4 query heads, 2 key/value heads, q/k/v fused, experts, 103 ids
+    whole = tokens(BlockServeEngine.from_pretrained(model, EngineConfig(max_batch_size=2), dtype="float64"),
+                   PROMPTS[:2])
+    with pytest.warns(UserWarning, match="2 key/value head.*replicated on the 2 ranks"):
+        split = BlockServeEngine.from_pretrained(model, EngineConfig(max_batch_size=2, tensor_parallel_size=4),
+                                                 dtype="float64")
+    with split:
+        assert tokens(split, PROMPTS[:2]) == whole
+
+
 def test_batch_invariant_bf16_two_ranks_keep_a_rows_tokens_whatever_its_batch():
     model = FIXTURES / "tiny-llada2"
     with BlockServeEngine.from_pretrained(model, EngineConfig(max_batch_size=4, tensor_parallel_size=2),

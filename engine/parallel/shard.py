@@ -7,6 +7,7 @@ layer's partial outputs are summed by :func:`all_reduce`; the logits a step read
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,8 @@ class TensorShard:
         if kv_heads % self.size == 0:
             return kv_heads // self.size
         if self.size % kv_heads == 0:
+            warnings.warn(f"tensor_parallel_size={self.size} over {kv_heads} key/value head(s): each is replicated "
+                          f"on the {self.size // kv_heads} ranks whose query heads read it", stacklevel=2)
             return 1
         raise ValueError(f"tensor_parallel_size={self.size} neither divides the model's {kv_heads} key/value heads "
                          f"nor is a multiple of them (which would replicate each over the ranks that read it)")
