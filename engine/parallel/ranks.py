@@ -4,8 +4,8 @@ Each worker process loads its share of the model, builds the same engine (schedu
 repeats rank 0's calls in rank 0's order: ``add_request`` with the id and arrival time rank 0 gave it,
 ``abort_request``, and ``step_at`` with rank 0's clock. Every decision is then the same on every rank, because
 the collectives give every rank the same sums and logits; rank 0 alone answers its callers. Calls travel over
-one pipe per worker, so an idle worker waits without a timeout; a forward's collectives time out after
-``tensor_parallel_timeout_s``. Closing stops the workers, and kills any that do not stop.
+one local socket connection per worker, so an idle worker waits without a timeout; a forward's collectives
+time out after ``tensor_parallel_timeout_s``. Closing stops the workers, and kills any that do not stop.
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def worker_main(rank: int, host: str, port: int) -> None:
 
 
 def repeat_calls(engine, connection: Connection) -> None:
-    """Make rank 0's engine calls until it says stop or goes away (its end of the pipe closes)."""
+    """Make rank 0's engine calls until it says stop or goes away (its connection closes)."""
     while True:
         try:
             command, args = pickle.loads(connection.recv_bytes())
