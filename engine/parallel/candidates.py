@@ -9,9 +9,8 @@ so a tie goes to the lowest id, as one argmax over the whole vocabulary does.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from engine.parallel.shard import TRAFFIC, TensorShard
+from engine.parallel.shard import TensorShard, all_gather
 
 
 def split_candidates(local_logits: torch.Tensor, shard: TensorShard, first: int, vocab_size: int,
@@ -29,13 +28,8 @@ def split_candidates(local_logits: torch.Tensor, shard: TensorShard, first: int,
         logits = logits.clone()
         logits[..., mask_id - first] = float("-inf")
     best, index = logits.max(dim=-1)
-    state = torch.stack([best, (index + first).to(compute_dtype), log_total], dim=-1).contiguous()
-    states = [torch.empty_like(state) for _ in range(shard.size)]
-    if not torch.compiler.is_compiling():
-        TRAFFIC.all_gather_bytes += state.numel() * state.element_size() * (shard.size - 1)
-        TRAFFIC.calls += 1
-    dist.all_gather(states, state)
-    joined = torch.stack(states)  # [ranks, ..., 3]
+    state = torch.stack([best, (index + first).to(compute_dtype), log_total], dim=-1)
+    joined = torch.stack(all_gather(state, shard))  # [ranks, ..., 3]
     winner = joined[..., 0].argmax(dim=0, keepdim=True)  # the first rank holding the largest logit
     best = joined[..., 0].gather(0, winner).squeeze(0)
     tokens = joined[..., 1].gather(0, winner).squeeze(0).to(torch.int64)

@@ -86,14 +86,19 @@ def all_reduce(x: torch.Tensor, shard: TensorShard) -> torch.Tensor:
     return x
 
 
+def all_gather(x: torch.Tensor, shard: TensorShard) -> list[torch.Tensor]:
+    """Every rank's ``x`` (of one shape on every rank), in rank order, on every rank."""
+    x = x.contiguous()
+    pieces = [torch.empty_like(x) for _ in range(shard.size)]
+    if not torch.compiler.is_compiling():
+        TRAFFIC.all_gather_bytes += x.numel() * x.element_size() * (shard.size - 1)
+        TRAFFIC.calls += 1
+    dist.all_gather(pieces, x)
+    return pieces
+
+
 def gather_vocabulary(local: torch.Tensor, shard: TensorShard, vocab_size: int) -> torch.Tensor:
     """Every rank's vocabulary columns ``[..., rows]`` joined into ``[..., vocab_size]`` on every rank."""
     if not shard.is_split:
         return local
-    local = local.contiguous()
-    pieces = [torch.empty_like(local) for _ in range(shard.size)]
-    if not torch.compiler.is_compiling():
-        TRAFFIC.all_gather_bytes += local.numel() * local.element_size() * (shard.size - 1)
-        TRAFFIC.calls += 1
-    dist.all_gather(pieces, local)
-    return torch.cat(pieces, dim=-1)[..., :vocab_size]
+    return torch.cat(all_gather(local, shard), dim=-1)[..., :vocab_size]
