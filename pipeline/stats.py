@@ -6,9 +6,9 @@ per-step means (effective compute ratio, useful row fraction) are combined weigh
 so is the padding fraction, a per-forward token ratio (a step is one forward; the engine does not export
 its token totals, so this is an approximation when forward sizes differ a lot between actors).
 
-``per_node`` groups the actors by the Ray node they ran on (rows, tokens, actors, engine busy time), so a
-multi-node run shows how the work spread over the machines; a node's ``tokens_per_s`` is over the job's
-wall time (the node's share of the TOTAL), its ``busy_fraction`` is busy time over ``actors x wall``.
+Every rate and share names its denominator, the same for an actor, a node (``per_node``) and the TOTAL:
+``*_active`` is over the group's active time (each actor's first row in to its last row out, summed over
+its actors), ``*_wall`` over the job's wall time for each of its actors (:data:`DEFINITIONS`).
 """
 from __future__ import annotations
 
@@ -20,20 +20,40 @@ import numpy as np
 
 from engine.config import DEFAULT_BLOCK_LENGTH
 
+DEFINITIONS = {  # stats.json's "definitions": what each rate and share is over, one denominator per word
+    "active_s": "an actor's active time: its first row in to its last row out (a group: its actors' sum)",
+    "wall_s": "the job's wall time: generation started to the last row written",
+    "tokens_per_active_s": "generated tokens / active_s",
+    "tokens_per_wall_s": "generated tokens / the job's wall_s",
+    "busy_share_of_active": "engine busy time (inside step()) / active_s",
+    "busy_share_of_wall": "engine busy time / (actors x the job's wall_s)",
+    "prefix_cache_hit_rate": "prompt tokens read from the prefix cache / prompt tokens",
+    "gpu_utilization": "NVML's utilization in %, the mean of samples taken at most once a second after engine steps",
+    "effective_compute_ratio": "per step, unfinished requests / max_batch_size; mean over steps",
+    "useful_row_fraction": "per step, rows of unfinished requests / rows computed; mean over steps",
+    "padding_fraction": "pad positions / bounding-box positions of the forwards run",
+    "share_of_job": "stats.png's per-node panel: a node's rows, tokens or busy time / the job's total of each",
+}
+
 
 def _weighted(snapshots: list[dict], key: str, weight: str) -> float:
     total = sum(s["engine"][weight] for s in snapshots)
     return sum(s["engine"][key] * s["engine"][weight] for s in snapshots) / total if total else 0.0
 
 
-def summarize(snapshots: list[dict], wall_s: float | None = None) -> dict:
-    """One row of numbers for a group of actor-instance snapshots (an actor, or all of them)."""
+def _share(part: float, whole: float) -> float | None:
+    return min(part / whole, 1.0) if whole else None
+
+
+def summarize(snapshots: list[dict], wall_s: float) -> dict:
+    """One row of numbers for a group of actor-instance snapshots (an actor, a node, or all of them)."""
     generated = sum(s["engine"]["generated_tokens"] for s in snapshots)
     prompt = sum(s["engine"].get("prompt_tokens", 0) for s in snapshots)
     cached = sum(s["engine"].get("cached_prompt_tokens", 0) for s in snapshots)
     row_forwards = sum(s["engine"].get("row_forwards", 0) for s in snapshots)
     busy = sum(s["busy_s"] for s in snapshots)
-    active = sum(s["active_s"] for s in snapshots) if wall_s is None else wall_s
+    active = sum(s["active_s"] for s in snapshots)
+    actor_wall = len({s["actor_id"] for s in snapshots}) * wall_s
     utilizations = [s["gpu_utilization"] for s in snapshots if s["gpu_utilization"] is not None]
     return {
         "rows": sum(s["rows"] for s in snapshots),
@@ -43,10 +63,12 @@ def summarize(snapshots: list[dict], wall_s: float | None = None) -> dict:
         "prompt_tokens": prompt,
         "cached_prompt_tokens": cached,
         "prefix_cache_hit_rate": cached / prompt if prompt else 0.0,
-        "tokens_per_s": generated / active if active else 0.0,
         "busy_s": busy,
         "active_s": active,
-        "busy_fraction": min(busy / active, 1.0) if active and wall_s is None else None,
+        "tokens_per_active_s": generated / active if active else 0.0,
+        "tokens_per_wall_s": generated / wall_s if wall_s else 0.0,
+        "busy_share_of_active": _share(busy, active),
+        "busy_share_of_wall": _share(busy, actor_wall),
         "idle_between_batches_s": sum(s.get("idle_s", 0.0) for s in snapshots),
         "denoise_steps": sum(s["engine"]["denoise_steps"] for s in snapshots),
         "row_forwards": row_forwards,
@@ -91,12 +113,9 @@ def per_node(snapshots: list[dict], wall_s: float) -> list[dict]:
     nodes = []
     for node_id, group in sorted(by_node.items()):
         actor_ids = sorted({s["actor_id"] for s in group})
-        numbers = summarize(group, wall_s=wall_s)
-        actor_time = len(actor_ids) * wall_s
-        numbers["busy_fraction"] = min(numbers["busy_s"] / actor_time, 1.0) if actor_time else None
         nodes.append({"node_id": node_id, "actors": len(actor_ids), "actor_ids": actor_ids,
                       "devices": sorted({s["device"] for s in group}),
-                      "restarts": len(group) - len(actor_ids), **numbers})
+                      "restarts": len(group) - len(actor_ids), **summarize(group, wall_s)})
     return nodes
 
 
@@ -113,11 +132,11 @@ def aggregate(snapshots: list[dict], wall_s: float, bin_tokens: int, deaths: lis
         per_actor.append({"actor_id": actor_id, "node_id": group[0]["node_id"], "device": group[0]["device"],
                           "incarnations": len(group), "compiled_graphs": max(graphs, default=None),
                           "compile_failures": {k: v for s in group for k, v in s.get("compile_failures", {}).items()},
-                          **summarize(group)})
-    totals = {"actors": len(by_actor), "restarts": len(snapshots) - len(by_actor),
-              **summarize(snapshots, wall_s=wall_s)}
-    return {"per_actor": per_actor, "per_node": per_node(snapshots, wall_s), "totals": totals,
-            "latency_by_output_length": latency_by_output_length(snapshots, bin_tokens),
+                          **summarize(group, wall_s)})
+    totals = {"actors": len(by_actor), "restarts": len(snapshots) - len(by_actor), "wall_s": wall_s,
+              **summarize(snapshots, wall_s)}
+    return {"definitions": DEFINITIONS, "per_actor": per_actor, "per_node": per_node(snapshots, wall_s),
+            "totals": totals, "latency_by_output_length": latency_by_output_length(snapshots, bin_tokens),
             "actor_deaths": list(deaths), "batch_isolation": isolation_totals(isolations)}
 
 
@@ -176,17 +195,25 @@ def _pct(value: float | None) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.0f}%"
 
 
+def describe_job(stats: dict) -> str:
+    """The job in a line: model, actors, tokens over the job's wall."""
+    totals, model = stats["totals"], stats.get("run", {}).get("model")
+    return (f"{'' if model is None else f'{model}: '}{totals['actors']} actor(s); "
+            f"{totals['generated_tokens']} tokens in "
+            f"{totals['wall_s']:.1f} s of job wall = {totals['tokens_per_wall_s']:.1f} tok/s")
+
+
 def format_table(stats: dict) -> str:
-    header = ("actor", "device", "rows", "errors", "tokens", "tok/s", "busy s", "busy", "ECR", "useful",
-              "padding", "mem peak", "GPU util")
+    header = ("actor", "device", "rows", "errors", "tokens", "tok/s", "busy s", "busy/active", "busy/wall",
+              "ECR", "useful", "padding", "mem peak", "GPU util")
     lines = []
 
     def row(name: str, device: str, s: dict) -> tuple:
         gpu = s["gpu_utilization"]
-        return (name, device, s["rows"], s["error_rows"], s["generated_tokens"], f"{s['tokens_per_s']:.1f}",
-                f"{s['busy_s']:.1f}", _pct(s["busy_fraction"]), f"{s['effective_compute_ratio']:.2f}",
-                f"{s['useful_row_fraction']:.2f}", f"{s['padding_fraction']:.2f}",
-                _bytes(s["memory_peak_bytes"]), "-" if gpu is None else f"{gpu:.0f}%")
+        return (name, device, s["rows"], s["error_rows"], s["generated_tokens"], f"{s['tokens_per_active_s']:.1f}",
+                f"{s['busy_s']:.1f}", _pct(s["busy_share_of_active"]), _pct(s["busy_share_of_wall"]),
+                f"{s['effective_compute_ratio']:.2f}", f"{s['useful_row_fraction']:.2f}",
+                f"{s['padding_fraction']:.2f}", _bytes(s["memory_peak_bytes"]), "-" if gpu is None else f"{gpu:.0f}%")
 
     for actor in stats["per_actor"]:
         restarted = f" (x{actor['incarnations']})" if actor["incarnations"] > 1 else ""
@@ -197,16 +224,21 @@ def format_table(stats: dict) -> str:
     render = lambda cells: "  ".join(str(c).rjust(w) if i > 1 else str(c).ljust(w)  # noqa: E731
                                      for i, (c, w) in enumerate(zip(cells, widths)))
     rule = "-" * len(render(header))
-    out = [render(header), rule, *map(render, lines[:-1]), rule, render(lines[-1])]
-    out.append(f"wall {totals['active_s']:.1f}s for generation; tok/s per actor = tokens / its active time, "
-               "TOTAL tok/s = tokens / wall")
+    out = [describe_job(stats), render(header), rule, *map(render, lines[:-1]), rule, render(lines[-1])]
+    out.append("tok/s = tokens / active time; busy/active = engine busy time / active time; "
+               "busy/wall = engine busy time / (actors x job wall)")
+    out.append("  (active time: an actor's first row in to its last row out, summed for TOTAL and a node)")
+    if totals["gpu_utilization"] is not None:
+        out.append(f"  (GPU util: {DEFINITIONS['gpu_utilization']})")
     for node in stats.get("per_node", []):
         out.append(f"  node {node['node_id'][:8]}: {node['actors']} actor(s), {node['rows']} rows, "
-                   f"{node['generated_tokens']} tokens ({node['tokens_per_s']:.1f} tok/s of wall), "
-                   f"busy {node['busy_s']:.1f}s ({_pct(node['busy_fraction'])} of its actors' time)")
+                   f"{node['generated_tokens']} tokens "
+                   f"({node['tokens_per_wall_s']:.1f} tok/s of job wall), busy {node['busy_s']:.1f} s: "
+                   f"{_pct(node['busy_share_of_active'])} of its actors' active time, "
+                   f"{_pct(node['busy_share_of_wall'])} of {node['actors']} actor(s) x job wall")
     if totals["cached_prompt_tokens"]:
         out.append(f"prefix cache: {totals['cached_prompt_tokens']} of {totals['prompt_tokens']} prompt tokens "
-                   f"read from it ({_pct(totals['prefix_cache_hit_rate'])})")
+                   f"read from it ({_pct(totals['prefix_cache_hit_rate'])} of prompt tokens)")
     if totals.get("row_forwards"):
         edited = (f"; {totals['edits']} tokens rewritten by editing, {totals['post_mask_forwards']} post-mask "
                   "forwards" if totals["edits"] or totals["post_mask_forwards"] else "")
@@ -232,11 +264,12 @@ def plot_png(stats: dict, latency_bins: dict[str, np.ndarray]) -> bytes:
     names = [a["actor_id"][:8] for a in actors]
     fig, grid = plt.subplots(2, 2, figsize=(13, 9))
     axes = grid.ravel()
-    axes[0].bar(names, [a["tokens_per_s"] for a in actors], color="tab:blue")
+    axes[0].bar(names, [a["tokens_per_active_s"] for a in actors], color="tab:blue")
     axes[0].set_title("throughput per actor")
-    axes[0].set_ylabel("generated tokens / s")
+    axes[0].set_ylabel("generated tokens / s of the actor's active time")
     x = np.arange(len(actors))
-    axes[1].bar(x - 0.2, [100 * (a["busy_fraction"] or 0) for a in actors], 0.4, label="engine busy")
+    axes[1].bar(x - 0.2, [100 * (a["busy_share_of_active"] or 0) for a in actors], 0.4,
+                label="engine busy, % of its active time")
     gpu_label = "GPU util (NVML)" if any(a["gpu_utilization"] is not None for a in actors) else (
         "GPU util: n/a (no GPU / NVML)")
     axes[1].bar(x + 0.2, [a["gpu_utilization"] or 0 for a in actors], 0.4, label=gpu_label)
@@ -274,7 +307,7 @@ def _plot_nodes(ax, nodes: list[dict]) -> None:
                      fontsize=8, padding=2)
     ax.set_xticks(x, [f"{n['node_id'][:8]}\n{n['actors']} actor(s)" for n in nodes])
     ax.set_ylim(0, 110)
-    ax.set_ylabel("% of the job")
+    ax.set_ylabel("% of the job's total of each")
     ax.set_title(f"work per node ({len(nodes)} node(s))")
     if nodes:
         ax.legend(loc="upper right")

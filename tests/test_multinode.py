@@ -191,8 +191,8 @@ def test_stats_json_and_png_have_per_node_sections(multinode_run):
         assert node["actor_ids"] == sorted({r["actor_id"] for r in mine}) and node["actors"] == len(node["actor_ids"])
         actors = [a for a in stats["per_actor"] if a["node_id"] == node_id]
         assert node["busy_s"] == pytest.approx(sum(a["busy_s"] for a in actors)) and node["busy_s"] > 0
-        assert 0 < node["busy_fraction"] <= 1
-        assert node["tokens_per_s"] == pytest.approx(node["generated_tokens"] / stats["run"]["wall_s"])
+        assert 0 < node["busy_share_of_wall"] <= 1
+        assert node["tokens_per_wall_s"] == pytest.approx(node["generated_tokens"] / stats["run"]["wall_s"])
     totals = stats["totals"]
     for key in ("rows", "generated_tokens", "actors", "batches"):
         assert sum(n[key] for n in per_node.values()) == totals[key]
@@ -224,8 +224,8 @@ def test_per_node_stats_group_actors_and_their_restarts_by_node():
     assert (n1["node_id"], n1["actors"], n1["actor_ids"], n1["restarts"]) == ("n1", 1, ["a"], 1)
     assert (n1["rows"], n1["generated_tokens"], n1["busy_s"]) == (8, 256, 5.0)
     assert (n2["actors"], n2["actor_ids"], n2["rows"], n2["generated_tokens"]) == (2, ["b", "c"], 12, 384)
-    assert n2["tokens_per_s"] == pytest.approx(384 / 10.0)  # over the job's wall time
-    assert n2["busy_fraction"] == pytest.approx(6.0 / (2 * 10.0))  # over actors x wall
+    assert n2["tokens_per_wall_s"] == pytest.approx(384 / 10.0)  # over the job's wall time
+    assert n2["busy_share_of_wall"] == pytest.approx(6.0 / (2 * 10.0))  # over actors x wall
     table = format_table(stats)
     assert "node n1: 1 actor(s), 8 rows, 256 tokens" in table and "node n2: 2 actor(s), 12 rows" in table
     assert plot_png(stats, {})[:4] == b"\x89PNG"

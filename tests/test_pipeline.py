@@ -114,10 +114,10 @@ def test_stats_add_up_across_actors_and_the_incarnations_of_a_restarted_actor():
     a, b = stats["per_actor"]
     assert (a["incarnations"], a["rows"], a["generated_tokens"], a["busy_s"]) == (2, 12, 400, 6.0)
     assert a["useful_row_fraction"] == pytest.approx((10 * 1.0 + 30 * 0.5) / 40)  # weighted by steps
-    assert a["tokens_per_s"] == pytest.approx(400 / 8.0)  # over the actor's own active time
+    assert a["tokens_per_active_s"] == pytest.approx(400 / 8.0)  # over the actor's own active time
     totals = stats["totals"]
     assert (totals["actors"], totals["restarts"], totals["rows"]) == (2, 1, 18)
-    assert totals["tokens_per_s"] == pytest.approx(600 / 10.0)  # over the job's wall time
+    assert totals["tokens_per_wall_s"] == pytest.approx(600 / 10.0)  # over the job's wall time
     assert stats["latency_by_output_length"] == [
         {"output_tokens": "1-32", "rows": 18, "p50_s": 1.0, "p90_s": 1.0, "max_s": 1.0}]
     assert "TOTAL (2)" in format_table(stats)
@@ -160,7 +160,7 @@ def test_job_writes_every_row_once_with_outputs_and_stats(finished_run):
     assert totals["generated_tokens"] == sum(r["num_generated_tokens"] for r in rows)
     assert stats["run"]["output_rows"] == stats["run"]["output_unique_ids"] == 12
     assert {a["actor_id"] for a in stats["per_actor"]} == {r["actor_id"] for r in rows}
-    for key in ("tokens_per_s", "effective_compute_ratio", "useful_row_fraction", "padding_fraction",
+    for key in ("tokens_per_wall_s", "effective_compute_ratio", "useful_row_fraction", "padding_fraction",
                 "busy_s", "idle_between_batches_s", "memory_peak_bytes", "gpu_utilization"):
         assert key in totals
     assert (output / "stats.png").read_bytes()[:4] == b"\x89PNG"
