@@ -10,6 +10,7 @@ SCHEDULES = ("continuous", "block_sync", "static", "shrink")  # engine/schedulin
 CACHE_MODES = ("dual", "prefix", "none")
 SHIFTED_DECODINGS = ("fast-dllm", "lookback")
 DEFAULT_BLOCK_LENGTH = 32  # a full-attention family's block when the config names none (Fast-dLLM's)
+DEFAULT_THRESHOLD = 0.9  # the threshold rules' confidence when neither the config nor the checkpoint names one
 DEFAULT_MAX_MODEL_LEN = 4096  # widest row when max_model_len is unset: a model may advertise far more
 # (Dream: 131,072 positions, a KV cache of ~112 GiB at 16 slots); LLaDA's own limit is 4096
 
@@ -58,7 +59,8 @@ class EngineConfig:
     # (DiffusionGemma's canvas sampler, the only rule of a canvas model) | "autoregressive" and "linear_spec"
     # (Nemotron-Labs-Diffusion's causal token-by-token and self-speculative modes)
     decoding: str = "threshold"
-    threshold: float = 0.9  # linear_spec: the draft's threshold, 0.0 allowed (every mask from one forward)
+    threshold: float | None = None  # None: the checkpoint's generation_config.json, else DEFAULT_THRESHOLD;
+    # linear_spec: the draft's threshold, 0.0 allowed (every mask from one forward)
     factor: float = 1.0
     steps_per_block: int | None = None  # cap on steps per block; the fixed step count in quota/dream mode
     # (Dream's `steps`: Dream decodes its whole canvas as one block, block_length = max_new_tokens)
@@ -71,6 +73,10 @@ class EngineConfig:
     # decoding (a block's first step commits only its first position; cached windows start at the block);
     # "lookback": windows start one column before the block and every step applies the rule
     shifted_decoding: str = "fast-dllm"
+    # tokens a whole-sequence family (LLaDA, Dream) decodes each answer in, its canvas; max_new_tokens then only
+    # caps the answer. None: the checkpoint's generation_config.json, else each request's max_new_tokens.
+    # Block-causal, canvas and anchored families decode block after block and never read it
+    gen_length: int | None = None
     max_model_len: int | None = None  # widest admissible row (prompt + canvas), sizes the KV cache;
     # None: the model's maximum length up to DEFAULT_MAX_MODEL_LEN, capped by the token budget
     enable_prefix_caching: bool | None = None  # keep whole prompt blocks' keys/values for later requests
@@ -117,6 +123,9 @@ class EngineConfig:
             _fail("cache", f"must be one of {CACHE_MODES}, got {self.cache!r}")
         if self.shifted_decoding not in SHIFTED_DECODINGS:
             _fail("shifted_decoding", f"must be one of {SHIFTED_DECODINGS}, got {self.shifted_decoding!r}")
+        if self.gen_length is not None and (isinstance(self.gen_length, bool) or not isinstance(self.gen_length, int)
+                                            or self.gen_length < 1):
+            _fail("gen_length", f"must be a positive int or None, got {self.gen_length!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
             _fail("max_model_len", f"must be a positive int or None, got {self.max_model_len!r}")
         if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
@@ -163,7 +172,9 @@ class SamplingParams:
     """Per-request settings. Problems are reported per request (see :meth:`validation_error`), so one
     bad request in a batch fails alone instead of raising for everyone."""
 
-    max_new_tokens: int = 256  # the answer holds at most this many tokens (whole blocks are computed)
+    max_new_tokens: int = 256  # the answer holds at most this many tokens: a cap, never the length it is decoded at
+    gen_length: int | None = None  # a whole-sequence family's canvas for this request (None: the engine's
+    # EngineConfig.gen_length, else max_new_tokens); an answer under a smaller max_new_tokens is its prefix
     temperature: float = 0.0
     seed: int | None = None
     stop_at_eos: bool = True  # False: run to the block cap (benchmarks with length caps)
@@ -188,6 +199,9 @@ class SamplingParams:
             return f"max_new_tokens must be an int, got {type(self.max_new_tokens).__name__}"
         if self.max_new_tokens <= 0:
             return f"max_new_tokens must be positive, got {self.max_new_tokens}"
+        if self.gen_length is not None and (isinstance(self.gen_length, bool) or not isinstance(self.gen_length, int)
+                                            or self.gen_length <= 0):
+            return f"gen_length must be a positive int or None, got {self.gen_length!r}"
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
             return f"temperature must be a number, got {type(self.temperature).__name__}"
         if not 0.0 <= self.temperature <= 100.0:

@@ -33,7 +33,8 @@ class BlockServeEngine:
         self.rule = rule_for(self.config, lm.special_ids.mask_id, lm.logit_shift)
         self.scheduled_block = self.rule.scheduled_block(self.config.block_length)  # one scheduler block's tokens
         self.limits = AdmissionLimits(self.scheduled_block, lm.vocab_size, lm.max_length,
-                                      self.token_budget, self.max_row_width, lm.layout, self.rule.request_problem)
+                                      self.token_budget, self.max_row_width, lm.layout, self.rule.request_problem,
+                                      self.config.gen_length)
         check_arena_fits(lm, self.config)  # before allocating: a batch that cannot fit fails by name
         self.runner = runner_class(lm.layout.runner)(lm, self.config, self.max_row_width, self.rule)
         prefix_cache = self.runner.prefix_cache
@@ -111,6 +112,7 @@ class BlockServeEngine:
         """The prompt's token ids; AdmissionError if the settings are invalid or the prompt cannot be
         one or cannot fit beside its canvas (a text too long is refused before it is tokenized)."""
         self.limits.check_params(params)
+        self.limits.check_canvas(params)
         room = self.limits.prompt_room(params)
         try:
             return encode_prompt(self.lm.tokenizer, prompt, self.lm.vocab_size, max_tokens=room)
@@ -126,6 +128,7 @@ class BlockServeEngine:
         """Raise the AdmissionError this engine gives a request of these tokens and settings that could
         never run (invalid settings, a row wider than the model, the token budget or max_model_len)."""
         self.limits.check_params(params)
+        self.limits.check_canvas(params)
         self.limits.check_width(len(prompt_ids), params)
         images = sorted(set(prompt_ids) & set(self.lm.image_token_ids))
         if images:
@@ -135,9 +138,11 @@ class BlockServeEngine:
     def _prepare(self, request: Request, prompt: Prompt) -> None:
         """Tokenize and size the request; AdmissionError if it can never run."""
         request.prompt_token_ids = self.tokenize(prompt, request.params)
-        request.lead, request.cap_blocks = self.lm.layout.answer_blocks(
-            request.prompt_length, request.params.max_new_tokens, self.scheduled_block)
-        request.canvas_blocks = request.cap_blocks
+        canvas = self.limits.canvas_length(request.params)
+        layout, prompt_length, block = self.lm.layout, request.prompt_length, self.scheduled_block
+        request.lead, request.own_canvas_blocks = layout.answer_blocks(prompt_length, canvas, block)
+        _, request.cap_blocks = layout.answer_blocks(prompt_length, min(canvas, request.params.max_new_tokens), block)
+        request.canvas_blocks = request.own_canvas_blocks
         request.seed = request.params.seed if request.params.seed is not None else (
             self._seed_source.getrandbits(31))
         self.check(request.prompt_token_ids, request.params)

@@ -54,7 +54,11 @@ def ray_cluster():
 
 @pytest.fixture(scope="session")
 def tiny_engine_factory():
-    """Build engines on the shipped tiny model (float64 for exact comparisons unless told otherwise)."""
+    """Build engines on the shipped tiny model (float64 for exact comparisons unless told otherwise). They
+    decode with the settings a test names and the engine's defaults, not the checkpoint's
+    generation_config.json (its block, threshold and gen_length), so a test's canvas is its max_new_tokens."""
+    import dataclasses
+
     from engine import BlockServeEngine, EngineConfig
     from engine.models import load_model
 
@@ -62,7 +66,7 @@ def tiny_engine_factory():
 
     def make(dtype: str = "float64", **config):
         if dtype not in cache:
-            cache[dtype] = load_model("tiny", dtype=dtype)
+            cache[dtype] = dataclasses.replace(load_model("tiny", dtype=dtype), decoding_defaults={})
         return BlockServeEngine(cache[dtype], EngineConfig(**config))
 
     return make

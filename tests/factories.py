@@ -48,7 +48,7 @@ def make_requests(count: int | None = None, *, prompt_lengths: int | Sequence[in
         request = Request(request_id=f"{prefix}{number}", prompt_token_ids=[1] * length, block_length=block_length,
                           params=SamplingParams(max_new_tokens=cap, stop_at_eos=stop_at_eos),
                           arrival_time=arrival, sequence_number=number)
-        request.cap_blocks = request.canvas_blocks = blocks_needed(cap, block_length)
+        request.cap_blocks = request.own_canvas_blocks = request.canvas_blocks = blocks_needed(cap, block_length)
         requests.append(request)
     return requests
 

@@ -13,14 +13,19 @@ DEMO = REPO_ROOT / "assets" / "data" / "demo.jsonl"
 TINY_CONFIG = REPO_ROOT / "configs" / "tiny-cpu.yaml"
 
 
-def freeze_tiny_model(destination: Path) -> Path:
+def freeze_tiny_model(destination: Path, gen_length: bool = True) -> Path:
     """Copy ``assets/tiny`` so that a background training run re-exporting it cannot change the model
-    halfway through a test; an export caught mid-write shows up as a load failure and is retried."""
+    halfway through a test; an export caught mid-write shows up as a load failure and is retried.
+    ``gen_length=False`` drops the checkpoint's gen_length, so each request's max_new_tokens sizes its canvas."""
     from engine.models import load_model
 
     for attempt in range(5):
         shutil.rmtree(destination, ignore_errors=True)
         shutil.copytree(REPO_ROOT / "assets" / "tiny", destination)
+        if not gen_length:
+            generation = json.loads((destination / "generation_config.json").read_text())
+            generation.pop("gen_length", None)
+            (destination / "generation_config.json").write_text(json.dumps(generation))
         try:
             load_model(destination)
             return destination

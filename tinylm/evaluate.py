@@ -25,6 +25,9 @@ from tinylm.tasks import BLOCK, CANVAS_BLOCKS, read_jsonl, validation_rows
 
 # The decoding the tiny configs use, chosen on the validation split (README, "The tiny model").
 SHIPPED_DECODING = "threshold:0.7"
+# What the exported checkpoint's generation_config.json names, so every engine decodes it so by default.
+SHIPPED_DEFAULTS = {"block_length": BLOCK, "threshold": float(SHIPPED_DECODING.split(":")[1]),
+                    "gen_length": BLOCK * CANVAS_BLOCKS}
 HELDOUT = Path(__file__).resolve().parents[1] / "assets" / "data" / "heldout.jsonl"
 
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from engine.models.config import TransformerConfig
 from engine.models.families import CheckpointIds, family_named
 from engine.models.transformer import BidirectionalTransformer
-from tinylm.evaluate import SHIPPED_DECODING, evaluate_model, selection_score
+from tinylm.evaluate import SHIPPED_DECODING, SHIPPED_DEFAULTS, evaluate_model, selection_score
 from tinylm.export import save_checkpoint
 from tinylm.mixtures import MIXTURES, TokenIds, make_batch
 from tinylm.progress import Progress, continue_record, resume, save_state, training_record, weight_average
@@ -93,7 +93,7 @@ def export(model: BidirectionalTransformer, tokenizer, out: Path, ids: TokenIds)
     save_checkpoint(model, out, "llada", config_json)
     tokenizer.save_pretrained(str(out))
     (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": ids.bos, "eos_token_id": ids.eos, "pad_token_id": ids.eos}) + "\n")
+        {"bos_token_id": ids.bos, "eos_token_id": ids.eos, "pad_token_id": ids.eos} | SHIPPED_DEFAULTS) + "\n")
 
 
 def validate(model, tokenizer, args, ids: TokenIds, validation: list, progress: Progress) -> None:

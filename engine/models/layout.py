@@ -130,6 +130,17 @@ class RowLayout:
         """The block a config that names none decodes with."""
         return self.trained_block or DEFAULT_BLOCK_LENGTH
 
+    @property
+    def reads_whole_canvas(self) -> bool:
+        """Every answer position attends to every other, so the canvas's length changes the answer."""
+        return self.attention == "bidirectional"
+
+    def canvas_length(self, max_new_tokens: int, gen_length: int | None) -> int:
+        """Answer tokens a request's canvas spans: ``gen_length`` where the whole canvas is read and it is set
+        (``max_new_tokens`` then caps the answer, a prefix of the gen_length answer), else ``max_new_tokens``
+        (blocks decoded in order never see the ones after them)."""
+        return gen_length if gen_length is not None and self.reads_whole_canvas else max_new_tokens
+
     def answer_blocks(self, prompt_length: int, max_new_tokens: int, block_length: int) -> tuple[int, int]:
         """``(lead, blocks)`` of a request: its prompt tokens inside its first answer block, and the blocks
         its answer spans. Block-causal blocks sit at multiples of ``block_length`` from the prompt's start,

@@ -53,6 +53,8 @@ class DiffusionLM:
     max_length: int  # longest row (prompt + canvas) the model accepts
     canvas_defaults: dict = field(default_factory=dict)  # a canvas model's sampler settings from its
     # generation_config.json (transformers' names)
+    decoding_defaults: dict = field(default_factory=dict)  # the block_length, threshold and gen_length its
+    # generation_config.json names: what it decodes with unless the EngineConfig sets them
     image_token_ids: tuple[int, ...] = ()  # ids only an image request carries: refused (text-only families)
     source: ModelSource | None = None  # how it was loaded: a split model's other ranks load the same way
 
@@ -206,8 +208,27 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     return DiffusionLM(name=str(model), family=family.name, model=transformer, tokenizer=tokenizer,
                        special_ids=special_ids, layout=layout, max_length=transformer_config.max_position_embeddings,
                        canvas_defaults=canvas_defaults(generation_config),
+                       decoding_defaults=decoding_defaults(generation_config, directory),
                        image_token_ids=family.image_tokens(config) if family.image_tokens else (),
                        source=ModelSource(str(directory), str(device), resolve_dtype(dtype), options))
+
+
+DECODING_DEFAULTS = {"block_length": (int, "a positive int"), "gen_length": (int, "a positive int"),
+                     "threshold": (float, "a number in (0, 1]")}  # generation_config.json keys -> type, what
+
+
+def decoding_defaults(generation_config: dict, directory: Path) -> dict:
+    """The decoding settings a checkpoint's generation_config.json names (``DECODING_DEFAULTS``); a value of the
+    wrong kind is refused at load, naming the file and the key."""
+    settings = {key: generation_config[key] for key in DECODING_DEFAULTS if generation_config.get(key) is not None}
+    for key, value in settings.items():
+        kind, what = DECODING_DEFAULTS[key]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        valid = (isinstance(value, int) and not isinstance(value, bool) and value > 0) if kind is int else (
+            number and 0.0 < value <= 1.0)
+        if not valid:
+            raise ValueError(f"{directory / 'generation_config.json'}: {key} must be {what}, got {value!r}")
+    return settings
 
 
 def canvas_defaults(generation_config: dict) -> dict:

@@ -55,13 +55,18 @@ def reference_generate(
     rule: BlockRule = THRESHOLD_RULE, cache: str = "dual", temperature: float = 0.0,
     seed: int = 0, stop_at_eos: bool = True, shifted_decoding: str = "fast-dllm", top_k: int = 0,
     top_p: float = 1.0, logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+    gen_length: int | None = None,
 ) -> ReferenceResult:
+    """One request decoded alone. A whole-sequence family's canvas spans ``gen_length`` tokens (None:
+    ``max_new_tokens``) and decoding stops once the blocks ``max_new_tokens`` spans are final."""
     if lm.layout.stores_finished_blocks:  # blocks at absolute positions, each stored once: its own loop
         settings = dict(rule=rule, cache=cache, temperature=temperature, seed=seed, stop_at_eos=stop_at_eos,
                         top_k=top_k, top_p=top_p, logit_bias=logit_bias, logprobs=logprobs)
         return block_causal_generate(lm, prompt_ids, max_new_tokens=max_new_tokens, block_length=block_length,
                                      **settings)
-    num_blocks, width = _canvas_size(lm, prompt_ids, max_new_tokens, block_length)
+    canvas_length = gen_length if gen_length is not None else max_new_tokens
+    _, width = _canvas_size(lm, prompt_ids, canvas_length, block_length)
+    num_blocks = blocks_needed(min(max_new_tokens, canvas_length), block_length)
     prompt_length = len(prompt_ids)
     device, shift = lm.device, lm.logit_shift
     # a shifted family (Dream): Fast-dLLM's windows start at the block and a block's first step commits

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from engine.config import DEFAULT_THRESHOLD
 from engine.rules import REQUEST_SETTINGS
 
 
@@ -43,8 +44,10 @@ class DecodingRule:
 
     @classmethod
     def from_config(cls, config: Any, *, mask_id: int | None = None, logit_shift: int = 0) -> DecodingRule:
-        return cls(**{name: getattr(config, name) for name in cls.settings}, **cls._model_settings(
-            mask_id=mask_id, logit_shift=logit_shift, config=config))
+        settings = {name: getattr(config, name) for name in cls.settings}
+        if "threshold" in settings and settings["threshold"] is None:  # a config not settled against a model
+            settings["threshold"] = DEFAULT_THRESHOLD
+        return cls(**settings, **cls._model_settings(mask_id=mask_id, logit_shift=logit_shift, config=config))
 
     @classmethod
     def _model_settings(cls, *, mask_id: int | None, logit_shift: int, config: Any) -> dict[str, Any]:

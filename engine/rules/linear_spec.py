@@ -33,8 +33,8 @@ class LinearSpec(DecodingRule):
     @classmethod
     def settings_problems(cls, config: Any) -> list[tuple[str, str]]:
         value = config.threshold
-        if config.decoding == cls.name and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                            or not 0.0 <= value <= 1.0):
+        if config.decoding == cls.name and value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0):
             return [("threshold", f"must be in [0, 1] for decoding='linear_spec' (0: draft every mask from one "
                                   f"forward), got {value!r}")]
         return []

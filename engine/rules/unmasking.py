@@ -105,6 +105,8 @@ def unit_threshold_problems(config: Any) -> list[tuple[str, str]]:
     if config.decoding in RULES and getattr(rule_class(config.decoding), "accepts_zero_threshold", False):
         return []
     value = config.threshold
+    if value is None:  # unset: the checkpoint's, else DEFAULT_THRESHOLD
+        return []
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
         return [("threshold", f"must be in (0, 1], got {value!r}")]
     return []

@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import weakref
 
-from engine.config import EngineConfig
+from engine.config import DEFAULT_THRESHOLD, EngineConfig
 
 logger = logging.getLogger(__name__)
 _WARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> blocks already warned of
@@ -15,8 +15,10 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
     """``config`` with its block length settled for ``lm`` (a DiffusionLM), after refusing what the
     model's layout cannot run.
 
-    An unset ``block_length`` becomes the block a block-causal or canvas model was trained with, else
-    DEFAULT_BLOCK_LENGTH; an unset ``enable_prefix_caching`` is on where it is exact (block-causal
+    Unset ``block_length``, ``threshold`` and ``gen_length`` become what the checkpoint's
+    generation_config.json names (``DiffusionLM.decoding_defaults``); else the block is the one a
+    block-causal or canvas model was trained with, else DEFAULT_BLOCK_LENGTH, and the threshold
+    DEFAULT_THRESHOLD. An unset ``enable_prefix_caching`` is on where it is exact (block-causal
     layouts). A model with a rule of its own (a canvas model's ``entropy_bound``) decodes with it when the
     config names none, and a rule takes its unset settings from the checkpoint (``DecodingRule.settle``). A
     model told another block than it was trained with runs it, with one warning per loaded model and block
@@ -34,16 +36,26 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
     if config.enable_prefix_caching is None:
         config = dataclasses.replace(config, enable_prefix_caching=lm.layout.prefix_caching(config))
     config = rule.settle(config, lm.canvas_defaults)
+    checkpoint = lm.decoding_defaults
+    config = dataclasses.replace(config, threshold=_first_set(config.threshold, checkpoint.get("threshold"),
+                                                              DEFAULT_THRESHOLD),
+                                 gen_length=_first_set(config.gen_length, checkpoint.get("gen_length")))
     if config.block_length is None:
-        return dataclasses.replace(config, block_length=lm.layout.default_block())
+        return dataclasses.replace(config, block_length=block_length_for(config, lm))
     if trained is not None and config.block_length != trained and _first_time(lm, config.block_length):
         logger.warning(lm.layout.untrained_block_warning(config.block_length))
     return config
 
 
 def block_length_for(config: EngineConfig, lm) -> int:
-    """The block ``config`` decodes ``lm`` with: its own, else the layout's default."""
-    return config.block_length or lm.layout.default_block()
+    """The block ``config`` decodes ``lm`` with: its own, else the checkpoint's, else the layout's default."""
+    return config.block_length or lm.decoding_defaults.get("block_length") or (
+        lm.layout.default_block())
+
+
+def _first_set(*values):
+    """The first value that is not None (None if all are)."""
+    return next((value for value in values if value is not None), None)
 
 
 def _first_time(lm, block_length: int) -> bool:

@@ -95,7 +95,9 @@ class Request:
     lead: int = 0  # prompt tokens inside block 0 (block-causal families; 0: the answer starts a block)
     cap_blocks: int = 0  # the request's own block cap: the blocks max_new_tokens spans after the lead
     # (whole blocks are computed; the output keeps max_new_tokens of them)
-    canvas_blocks: int = 0  # blocks on its canvas (= cap, or the batch's largest for static/shrink)
+    own_canvas_blocks: int = 0  # blocks of the canvas it decodes alone: its cap, or more for a whole-sequence
+    # row whose gen_length exceeds max_new_tokens (it leaves once its cap's blocks are final)
+    canvas_blocks: int = 0  # blocks on its canvas (its own, or the batch's largest for static/shrink)
     block_index: int = 0  # the block being decoded; once it is complete, the number of blocks done
     between_blocks: bool = False  # its last block is final and the next one has not started
     step_in_block: int = 0  # denoising steps taken in the current block (block_index's)
@@ -125,9 +127,6 @@ class Request:
         """Row width in the bounding box: prompt plus canvas."""
         return self.canvas_start + self.canvas_blocks * self.block_length
 
-    @property
-    def own_width(self) -> int:
-        return self.canvas_start + self.cap_blocks * self.block_length
 
     @property
     def block_start(self) -> int:

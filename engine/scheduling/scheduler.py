@@ -142,7 +142,7 @@ class Scheduler:
         while self.pending and len(batch) < self.config.max_batch_size:
             request = self.pending[0][1]
             new_prompt = max(prompt_width, request.prompt_length)
-            new_canvas = max(canvas_blocks, request.cap_blocks)
+            new_canvas = max(canvas_blocks, request.own_canvas_blocks)
             row_width = new_prompt + new_canvas * self.config.block_length
             if batch and ((len(batch) + 1) * row_width > self.token_budget or row_width > self.max_row_width):
                 break
