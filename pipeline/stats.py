@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 
@@ -27,6 +27,7 @@ DEFINITIONS = {  # stats.json's "definitions": what each rate and share is over,
     "tokens_per_wall_s": "generated tokens / the job's wall_s",
     "busy_share_of_active": "engine busy time (inside step()) / active_s",
     "busy_share_of_wall": "engine busy time / (actors x the job's wall_s)",
+    "error_share_of_rows": "error rows / rows",
     "prefix_cache_hit_rate": "prompt tokens read from the prefix cache / prompt tokens",
     "gpu_utilization": "NVML's utilization in %, the mean of samples taken at most once a second after engine steps",
     "effective_compute_ratio": "per step, unfinished requests / max_batch_size; mean over steps",
@@ -34,6 +35,7 @@ DEFINITIONS = {  # stats.json's "definitions": what each rate and share is over,
     "padding_fraction": "pad positions / bounding-box positions of the forwards run",
     "share_of_job": "stats.png's per-node panel: a node's rows, tokens or busy time / the job's total of each",
 }
+TOP_ERRORS = 3  # most common error messages kept per actor and for the job
 
 
 def _weighted(snapshots: list[dict], key: str, weight: str) -> float:
@@ -51,13 +53,19 @@ def summarize(snapshots: list[dict], wall_s: float) -> dict:
     prompt = sum(s["engine"].get("prompt_tokens", 0) for s in snapshots)
     cached = sum(s["engine"].get("cached_prompt_tokens", 0) for s in snapshots)
     row_forwards = sum(s["engine"].get("row_forwards", 0) for s in snapshots)
+    rows = sum(s["rows"] for s in snapshots)
+    error_rows = sum(s["error_rows"] for s in snapshots)
     busy = sum(s["busy_s"] for s in snapshots)
     active = sum(s["active_s"] for s in snapshots)
     actor_wall = len({s["actor_id"] for s in snapshots}) * wall_s
     utilizations = [s["gpu_utilization"] for s in snapshots if s["gpu_utilization"] is not None]
     return {
-        "rows": sum(s["rows"] for s in snapshots),
-        "error_rows": sum(s["error_rows"] for s in snapshots),
+        "tensor_parallel_size": next((s["tensor_parallel_size"] for s in snapshots if "tensor_parallel_size" in s),
+                                     None),
+        "rows": rows,
+        "error_rows": error_rows,
+        "error_share_of_rows": error_rows / rows if rows else 0.0,
+        **errors_of(snapshots),
         "batches": sum(s["batches"] for s in snapshots),
         "generated_tokens": generated,
         "prompt_tokens": prompt,
@@ -81,6 +89,16 @@ def summarize(snapshots: list[dict], wall_s: float) -> dict:
         "memory_peak_bytes": max((s["memory_peak_bytes"] for s in snapshots), default=0),
         "gpu_utilization": sum(utilizations) / len(utilizations) if utilizations else None,
     }
+
+
+def errors_of(snapshots: list[dict]) -> dict:
+    """The group's first error message (by time) and its :data:`TOP_ERRORS` most common ones with their rows."""
+    counts = Counter()
+    for snapshot in snapshots:
+        counts.update(snapshot.get("errors", {}))
+    firsts = [s["first_error"] for s in snapshots if s.get("first_error")]
+    return {"first_error": min(firsts, key=lambda e: e["at"])["message"] if firsts else None,
+            "common_errors": [{"message": m, "rows": n} for m, n in counts.most_common(TOP_ERRORS)]}
 
 
 def decoded_block_length(snapshots: list[dict], configured: int | None) -> int:
@@ -196,11 +214,21 @@ def _pct(value: float | None) -> str:
 
 
 def describe_job(stats: dict) -> str:
-    """The job in a line: model, actors, tokens over the job's wall."""
+    """The job in a line: model, actors and their tensor-parallel size, tokens over the job's wall."""
     totals, model = stats["totals"], stats.get("run", {}).get("model")
-    return (f"{'' if model is None else f'{model}: '}{totals['actors']} actor(s); "
-            f"{totals['generated_tokens']} tokens in "
+    return (f"{'' if model is None else f'{model}: '}{totals['actors']} actor(s) x tensor_parallel_size "
+            f"{totals['tensor_parallel_size'] or '?'}; {totals['generated_tokens']} tokens in "
             f"{totals['wall_s']:.1f} s of job wall = {totals['tokens_per_wall_s']:.1f} tok/s")
+
+
+def describe_errors(totals: dict) -> list[str]:
+    """How many rows failed, the first message, and the most common ones with their rows."""
+    if not totals["error_rows"]:
+        return [f"errors: none of {totals['rows']} rows"]
+    lines = [f"errors: {totals['error_rows']} of {totals['rows']} rows ({_pct(totals['error_share_of_rows'])} "
+             f"of rows) failed; the first: {totals['first_error']}"]
+    lines += [f"  {error['rows']} rows: {error['message']}" for error in totals["common_errors"]]
+    return lines
 
 
 def format_table(stats: dict) -> str:
@@ -231,11 +259,12 @@ def format_table(stats: dict) -> str:
     if totals["gpu_utilization"] is not None:
         out.append(f"  (GPU util: {DEFINITIONS['gpu_utilization']})")
     for node in stats.get("per_node", []):
-        out.append(f"  node {node['node_id'][:8]}: {node['actors']} actor(s), {node['rows']} rows, "
-                   f"{node['generated_tokens']} tokens "
+        out.append(f"  node {node['node_id'][:8]}: {node['actors']} actor(s), {node['rows']} rows "
+                   f"({node['error_rows']} errors), {node['generated_tokens']} tokens "
                    f"({node['tokens_per_wall_s']:.1f} tok/s of job wall), busy {node['busy_s']:.1f} s: "
                    f"{_pct(node['busy_share_of_active'])} of its actors' active time, "
                    f"{_pct(node['busy_share_of_wall'])} of {node['actors']} actor(s) x job wall")
+    out += describe_errors(totals)
     if totals["cached_prompt_tokens"]:
         out.append(f"prefix cache: {totals['cached_prompt_tokens']} of {totals['prompt_tokens']} prompt tokens "
                    f"read from it ({_pct(totals['prefix_cache_hit_rate'])} of prompt tokens)")
@@ -263,6 +292,7 @@ def plot_png(stats: dict, latency_bins: dict[str, np.ndarray]) -> bytes:
     actors = stats["per_actor"]
     names = [a["actor_id"][:8] for a in actors]
     fig, grid = plt.subplots(2, 2, figsize=(13, 9))
+    fig.suptitle(describe_job(stats))
     axes = grid.ravel()
     axes[0].bar(names, [a["tokens_per_active_s"] for a in actors], color="tab:blue")
     axes[0].set_title("throughput per actor")

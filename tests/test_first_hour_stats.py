@@ -1,14 +1,17 @@
-"""The job's stats, specified for a reader: every share names its denominator.
+"""The job's stats, specified for a reader: every share names its denominator, and errors and the
+tensor-parallel size are in the table and stats.json.
 
 Snapshots are hand-made (no Ray), with busy and active times chosen so each share has one right value;
+one test runs a real actor outside Ray to check that its snapshot carries the error messages.
 """
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
 
-from actors.ray_data.actor_stats import ActorStats
+from actors.ray_data.actor_stats import ERROR_KINDS, OTHER_ERRORS, ActorStats
 from actors.ray_data.row_outputs import output_row
 
 PLACEMENT = {"actor_id": "a", "node_id": "n", "device": "cpu"}
@@ -70,7 +73,8 @@ def test_stats_json_defines_every_share_and_rate_it_holds():
     stats = job_stats()
     keys = {key for group in (*stats["per_actor"], *stats["per_node"], stats["totals"]) for key in group}
     measured = {key for key in keys if "_share_of_" in key or re.fullmatch(r"tokens_per_\w+_s", key)}
-    assert measured == {"busy_share_of_active", "busy_share_of_wall", "tokens_per_active_s", "tokens_per_wall_s"}
+    assert measured == {"busy_share_of_active", "busy_share_of_wall", "error_share_of_rows",
+                        "tokens_per_active_s", "tokens_per_wall_s"}
     assert measured | {"active_s", "wall_s", "gpu_utilization"} <= set(stats["definitions"])
     assert stats["totals"]["wall_s"] == 20.0
 
@@ -85,3 +89,67 @@ def test_the_table_labels_each_share_with_its_denominator():
     assert "busy/wall = engine busy time / (actors x job wall)" in table
     assert "busy 5.0 s: 71% of its actors' active time, 12% of 2 actor(s) x job wall" in table  # node n1
     assert "of its actors' time" not in table  # the old, unnamed denominator
+
+
+def test_error_rows_and_their_messages_are_counted_per_actor_and_for_the_job():
+    stats = job_stats()
+    a, b, c = stats["per_actor"]
+    assert [g["error_rows"] for g in (a, b, c)] == [2, 0, 1]
+    assert a["first_error"] == MISSING and a["common_errors"] == [{"message": MISSING, "rows": 2}]
+    assert b["first_error"] is None and b["common_errors"] == []
+    totals = stats["totals"]
+    assert (totals["error_rows"], totals["rows"]) == (3, 16)
+    assert totals["error_share_of_rows"] == pytest.approx(3 / 16)
+    assert totals["first_error"] == MISSING  # a reported first
+    assert totals["common_errors"] == [{"message": MISSING, "rows": 2}, {"message": "prompt is too long", "rows": 1}]
+    assert [n["error_rows"] for n in stats["per_node"]] == [2, 1]
+
+
+def test_the_table_says_how_many_rows_failed_and_why():
+    from pipeline.stats import format_table
+
+    table = format_table(job_stats())
+    assert f"errors: 3 of 16 rows (19% of rows) failed; the first: {MISSING}" in table
+    assert f"  2 rows: {MISSING}" in table and "  1 rows: prompt is too long" in table
+    assert "(2 errors)" in table  # node n1's line
+
+
+def test_a_job_without_errors_says_so():
+    from pipeline.stats import aggregate, format_table
+
+    stats = aggregate([snapshot("a", "n", 1.0, 2.0, [answered()] * 4)], wall_s=5.0, bin_tokens=8)
+    assert stats["totals"]["first_error"] is None and "errors: none of 4 rows" in format_table(stats)
+
+
+def test_an_actor_counts_a_bounded_number_of_distinct_messages_and_keeps_the_first():
+    stats = ActorStats()
+    stats.record([output_row(f"prompt of {n} tokens is too long", PLACEMENT) for n in range(ERROR_KINDS + 5)])
+    shot = stats.snapshot({})
+    assert shot["error_rows"] == ERROR_KINDS + 5
+    assert len(shot["errors"]) == ERROR_KINDS + 1 and shot["errors"][OTHER_ERRORS] == 5
+    assert sum(shot["errors"].values()) == shot["error_rows"]
+    assert shot["first_error"]["message"] == "prompt of 0 tokens is too long"
+
+
+def test_the_tensor_parallel_size_is_in_the_table_and_json():
+    from pipeline.stats import format_table
+
+    stats = job_stats()
+    assert stats["totals"]["tensor_parallel_size"] == 2
+    assert {g["tensor_parallel_size"] for g in (*stats["per_actor"], *stats["per_node"])} == {2}
+    assert "3 actor(s) x tensor_parallel_size 2" in format_table(stats).splitlines()[0]
+
+
+def test_an_actor_outside_ray_reports_its_error_messages_and_tensor_parallel_size(tmp_path):
+    from actors import BlockServeActor
+    from tests.pipeline_helpers import freeze_tiny_model
+
+    model = str(freeze_tiny_model(tmp_path / "tiny"))
+    actor = BlockServeActor(model=model, engine={"block_length": 8, "max_batch_size": 2},
+                            sampling={"max_new_tokens": 8}, chat_template=True, torch_threads=1)
+    outputs = asyncio.run(actor.generate_rows([{"prompt": None}, {"prompt": "count from 1 to 3"}]))
+    assert [o["finish_reason"] == "error" for o in outputs] == [True, False]
+    shot = actor.stats_snapshot()
+    assert shot["error_rows"] == 1 and shot["tensor_parallel_size"] == 1
+    assert shot["errors"] == {outputs[0]["__inference_error__"]: 1}
+    assert shot["first_error"]["message"].startswith("missing prompt")

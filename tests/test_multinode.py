@@ -227,7 +227,7 @@ def test_per_node_stats_group_actors_and_their_restarts_by_node():
     assert n2["tokens_per_wall_s"] == pytest.approx(384 / 10.0)  # over the job's wall time
     assert n2["busy_share_of_wall"] == pytest.approx(6.0 / (2 * 10.0))  # over actors x wall
     table = format_table(stats)
-    assert "node n1: 1 actor(s), 8 rows, 256 tokens" in table and "node n2: 2 actor(s), 12 rows" in table
+    assert "node n1: 1 actor(s), 8 rows (0 errors), 256 tokens" in table and "node n2: 2 actor(s), 12 rows" in table
     assert plot_png(stats, {})[:4] == b"\x89PNG"
 
 
