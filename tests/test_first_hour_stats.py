@@ -1,5 +1,5 @@
-"""The job's stats, specified for a reader: every share names its denominator, and errors and the
-tensor-parallel size are in the table and stats.json.
+"""The job's stats, specified for a reader: every share names its denominator, errors and the tensor-parallel
+size are in the table, stats.json and stats.png, and the plot hides nothing behind its legends.
 
 Snapshots are hand-made (no Ray), with busy and active times chosen so each share has one right value;
 one test runs a real actor outside Ray to check that its snapshot carries the error messages.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 
+import numpy as np
 import pytest
 
 from actors.ray_data.actor_stats import ERROR_KINDS, OTHER_ERRORS, ActorStats
@@ -131,13 +132,60 @@ def test_an_actor_counts_a_bounded_number_of_distinct_messages_and_keeps_the_fir
     assert shot["first_error"]["message"] == "prompt of 0 tokens is too long"
 
 
-def test_the_tensor_parallel_size_is_in_the_table_and_json():
-    from pipeline.stats import format_table
+def test_the_tensor_parallel_size_is_in_the_table_json_and_plot():
+    from pipeline.stats import format_table, stats_figure
 
     stats = job_stats()
     assert stats["totals"]["tensor_parallel_size"] == 2
     assert {g["tensor_parallel_size"] for g in (*stats["per_actor"], *stats["per_node"])} == {2}
     assert "3 actor(s) x tensor_parallel_size 2" in format_table(stats).splitlines()[0]
+    assert "tensor_parallel_size 2" in figure_text(stats_figure(stats, {}))
+
+
+def figure_text(fig) -> str:
+    from matplotlib.text import Text
+
+    return "\n".join(text.get_text() for text in fig.findobj(Text))
+
+
+def test_the_plot_shows_the_error_rows_and_the_most_common_message():
+    from pipeline.stats import stats_figure
+
+    fig = stats_figure(job_stats(), {})
+    text = figure_text(fig)
+    assert "error rows" in text and "8 (2 errors)" in text  # actor a's bar
+    assert "errors: 3 of 16 rows" in text and "missing prompt" in text
+
+
+def test_no_legend_of_the_plot_covers_a_bar_or_a_bar_label():
+    from pipeline.stats import stats_figure
+
+    stats = job_stats()
+    stats["per_actor"][0]["gpu_utilization"] = 100.0  # a full bar reaches the top of its panel
+    fig = stats_figure(stats, {"1-8": np.array([0.5])})
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [ax for ax in fig.axes if ax.get_legend() is not None]
+    assert len(legends) == 3  # rows, busy and per-node panels
+    for ax in legends:
+        box = ax.get_legend().get_window_extent(renderer)
+        for artist in (*ax.patches, *ax.texts):
+            assert not box.overlaps(artist.get_window_extent(renderer)), (ax.get_title(), artist)
+
+
+@pytest.mark.parametrize(("latency_s", "unit"), [(0.1157, "ms"), (2.5, "s")])
+def test_the_latency_axis_starts_at_zero_in_readable_units(latency_s, unit):
+    """Equal latencies in every bin once zoomed the axis to microseconds around them, with an offset."""
+    from pipeline.stats import stats_figure
+
+    stats = job_stats(latency_s=latency_s)
+    fig = stats_figure(stats, {"1-8": np.full(5, latency_s), "9-16": np.full(3, latency_s)})
+    fig.canvas.draw()
+    ax = next(ax for ax in fig.axes if ax.get_title() == "latency by output length")
+    bottom, top = ax.get_ylim()
+    assert bottom == 0 and top >= (1000 if unit == "ms" else 1) * latency_s
+    assert ax.get_ylabel() == f"latency ({unit})"
+    assert ax.yaxis.get_offset_text().get_text() == ""
 
 
 def test_an_actor_outside_ray_reports_its_error_messages_and_tensor_parallel_size(tmp_path):

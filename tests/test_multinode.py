@@ -202,7 +202,7 @@ def test_stats_json_and_png_have_per_node_sections(multinode_run):
     png = (output / "stats.png").read_bytes()
     assert png[:4] == b"\x89PNG"
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
-    assert (width, height) == (1300, 900)  # the 2x2 layout: the per-node panel is the third
+    assert (width, height) == (1800, 900)  # the 2x3 layout: the per-node panel starts the second row
 
 
 def test_per_node_stats_group_actors_and_their_restarts_by_node():
