@@ -1,7 +1,7 @@
 """What the engine asks of a runner, and the runners a layout may name (``RowLayout.runner``).
 
 A runner owns the device state of its rows and runs one step of them: the block runner
-(``engine.runner.model_runner``) decodes blocks with a block rule, the canvas runner
+(``engine.runner.block_runner``) decodes blocks with a block rule, the canvas runner
 (``engine.runner.canvas_runner``) denoises DiffusionGemma's canvases with ``entropy_bound``. Both take the
 scheduler's decisions and return results keyed by request id; neither decides who runs.
 """
@@ -39,10 +39,10 @@ class Runner(Protocol):
 def runner_class(name: str) -> type[Runner]:
     """The runner a layout names: "blocks", "canvas" or "anchored"."""
     from engine.runner.anchored_runner import AnchoredRunner
+    from engine.runner.block_runner import BlockRunner
     from engine.runner.canvas_runner import CanvasRunner
-    from engine.runner.model_runner import ModelRunner
 
-    runners: dict[str, type[Runner]] = {"blocks": ModelRunner, "canvas": CanvasRunner, "anchored": AnchoredRunner}
+    runners: dict[str, type[Runner]] = {"blocks": BlockRunner, "canvas": CanvasRunner, "anchored": AnchoredRunner}
     if name not in runners:
         raise ValueError(f"unknown runner {name!r}; known: {sorted(runners)}")
     return runners[name]

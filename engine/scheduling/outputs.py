@@ -3,8 +3,9 @@
     SchedulerOutput -> StepBatch{RefreshPart, WindowPart} -> StepPlan{PartPlan}
         -> RunnerOutput{RowResult} -> SchedulerUpdate -> StepReport -> BlockEvent / StepSummary
 
-- SchedulerOutput is built by ``Scheduler.schedule`` and read by ``ModelRunner.execute``. It lists the
-  running ``Request`` objects of this step, so it lives on the host and is not a copy.
+- SchedulerOutput is built by ``Scheduler.schedule`` and read by a runner's ``execute``
+  (``engine.runner.interface``). It lists the running ``Request`` objects of this step, so it lives on
+  the host and is not a copy.
 - StepBatch is built by ``engine.runner.batch_inputs.prepare_inputs`` from the runner's ``PersistentBatch``.
   The runner reads it. Its tensors are on the device; its request ids and counts are on the host.
 - RefreshPart and WindowPart (``engine.models.step_inputs``) are the StepBatch's two parts, read by the
@@ -56,7 +57,7 @@ class RowResult:
 
 @dataclass(frozen=True)
 class RunnerOutput:
-    """What one ``ModelRunner.execute`` returned, keyed by request id."""
+    """What one runner's ``execute`` returned, keyed by request id."""
 
     rows: dict[str, RowResult]
     model_time_s: float

@@ -1,4 +1,4 @@
-"""Who runs at the next denoising step: queues, token-budget admission and eviction (policy only).
+"""Who runs at the next denoising step: queues, token-budget admission, and who leaves (policy only).
 
 The schedule's own rules live in ``engine.scheduling.policies``, one small object per schedule. This file keeps
 the queues and the two ways to admit. Budget admission (``admit_into_box``) first takes requests whose

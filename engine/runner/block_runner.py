@@ -1,9 +1,9 @@
 """The block runner: runs one denoising step on the model and owns the persistent batch it runs on. No policy.
 
-``ModelRunner.execute`` applies the scheduler's decisions to the batch (places admitted rows, packs
+``BlockRunner.execute`` applies the scheduler's decisions to the batch (places admitted rows, packs
 window rows), builds the step's tensors, runs the forward, hands the proposals to the decoding rule, and
 returns what the rule wrote and whether each row's block is final, keyed by request id.
-``ModelRunner.release`` frees the slots of rows that left. The rule alone decides what is done.
+``BlockRunner.release`` frees the slots of rows that left. The rule alone decides what is done.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
 
 
-class ModelRunner:
+class BlockRunner:
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: BlockRule):
         self.lm = lm
         self.rule = rule
