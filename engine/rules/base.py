@@ -170,6 +170,12 @@ class BlockRule(DecodingRule):
         """A row's part of the host copy: a mask-only rule's block is final once it holds no mask."""
         return RowStep(values, self.mask_id not in values, 0, False)
 
+    def ends_at_stop(self, block: Sequence[int], stop_ids: Sequence[int]) -> bool:
+        """Whether ``block`` holds a stop token with no mask before it: a family whose loop ends a block
+        there (Nemotron-Labs-Diffusion's) takes it as final, since nothing after the stop joins the answer."""
+        stop = next((index for index, token in enumerate(block) if token in stop_ids), None)
+        return stop is not None and self.mask_id not in block[:stop]
+
     def after_step(self, state: RowState, row: RowStep, lead: int) -> None:
         """Update a row's state from its part of the step's host copy."""
         state.offsets = None if row.final else self.logit_offsets(row.tokens, lead)

@@ -50,8 +50,13 @@ class LinearSpec(DecodingRule):
     def scheduled_block(self, block_length: int) -> int:
         return 1
 
-    def draft(self, candidates: torch.Tensor, confidence: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-        """Which masked positions ``[rows, block]`` a drafting forward commits."""
+    def logit_offsets(self, block: Sequence[int], lead: int) -> list[int]:
+        """Offsets of a drafted block still to draft (its masks); none left: the draft is whole."""
+        return [offset for offset, token in enumerate(block) if token == self.mask_id]
+
+    def draft(self, candidates: torch.Tensor, confidence: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        """Which masked positions of ``blocks`` ``[rows, block]`` a drafting forward commits."""
+        masked = blocks == self.mask_id
         if self.threshold <= 0.0:
             return masked.clone()
         return with_most_confident(masked & (confidence >= self.threshold), confidence, masked)

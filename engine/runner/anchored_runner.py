@@ -109,11 +109,10 @@ class AnchoredRunner:
             causal = self.causal_context or self.speculative or self.autoregressive
             offsets = (len(row.pending) - 1,) if causal else ()
             return _Span(request, row, "store", row.pending, causal, offsets)
-        every = tuple(range(len(row.block)))
-        if self.speculative:
-            drafted = self.mask_id not in row.block
-            return _Span(request, row, "verify" if drafted else "draft", row.block, drafted, every)
-        return _Span(request, row, "denoise", row.block, False, every)
+        offsets = tuple(self.rule.logit_offsets(row.block, 0))  # the positions the rule still decides
+        if self.speculative and not offsets:  # the draft is whole: verify all of it
+            return _Span(request, row, "verify", row.block, True, tuple(range(len(row.block))))
+        return _Span(request, row, "draft" if self.speculative else "denoise", row.block, False, offsets)
 
     def _step(self, spans: list[_Span]) -> SpanStep:
         logit_index, offset = [], 0
@@ -150,12 +149,13 @@ class AnchoredRunner:
                  if span.request.params.logprobs is not None and host[i] and span.kind != "draft"]
         out: list[list[TokenLogprob] | None] = [None] * len(spans)
         for i in asked:
-            num_top = spans[i].request.params.logprobs
-            tokens = torch.tensor(host[i], device=pieces[i].device)
+            span, num_top = spans[i], spans[i].request.params.logprobs
+            computed = host[i] if span.kind != "denoise" else [host[i][offset] for offset in span.logit_offsets]
+            tokens = torch.tensor(computed, device=pieces[i].device)
             chosen, values, ids = (t[0].tolist() for t in token_logprobs(pieces[i][None], self.mask_id,
                                                                            tokens[None], num_top))
             out[i] = [TokenLogprob(token, logprob, tuple(zip(top_ids, top_values)))
-                      for token, logprob, top_ids, top_values in zip(host[i], chosen, ids, values)]
+                      for token, logprob, top_ids, top_values in zip(computed, chosen, ids, values)]
         return out
 
     def _decide(self, spans: list[_Span], pieces: list[torch.Tensor]) -> list[list[int]]:
@@ -175,25 +175,8 @@ class AnchoredRunner:
                 after = span.row.context + 1 + torch.tensor(span.logit_offsets, device=self.lm.device)
                 decided[i] = sampled_tokens(pieces[i], self.mask_id, span.request.params, span.request.seed, after)
         if denoising:
-            width = max(len(spans[i].tokens) for i in denoising)  # drafts near an answer's end are shorter
-            padding = self.stop_ids[0]  # never a mask: a padded position commits nothing
-            blocks = torch.tensor([spans[i].tokens + [padding] * (width - len(spans[i].tokens)) for i in denoising],
-                                  device=self.lm.device)
-            logits = torch.stack([torch.nn.functional.pad(pieces[i], (0, 0, 0, width - len(pieces[i])))
-                                  for i in denoising])
-            positions = torch.stack([spans[i].row.context + torch.arange(width, device=blocks.device)
-                                     for i in denoising])
-            sampling = block_sampling([spans[i].request.params for i in denoising],
-                                      [spans[i].request.seed for i in denoising],
-                                      [spans[i].row.block_draws + 1 for i in denoising], positions, logits.shape[-1])
-            candidates, confidence = propose_tokens(logits, self.mask_id, sampling)
-            masked = blocks == self.mask_id
-            if self.speculative:
-                tokens = torch.where(self.rule.draft(candidates, confidence, masked), candidates, blocks)
-            else:
-                steps = torch.tensor([spans[i].row.step_in_block for i in denoising], device=blocks.device)
-                tokens = self.rule.step(BlockView(blocks, candidates, confidence, None, steps)).tokens
-            for i, row_tokens in zip(denoising, tokens):
+            for i, row_tokens in zip(denoising, self._denoise([spans[i] for i in denoising],
+                                                              [pieces[i] for i in denoising])):
                 decided[i] = row_tokens[:len(spans[i].tokens)]
         flat = [decided.get(i, torch.empty(0, dtype=torch.long, device=self.lm.device)) for i in range(len(spans))]
         lengths = [len(piece) for piece in flat]
@@ -203,6 +186,34 @@ class AnchoredRunner:
             out.append(values[start:start + length])
             start += length
         return out
+
+    def _denoise(self, spans: list[_Span], pieces: list[torch.Tensor]) -> torch.Tensor:
+        """The denoising and drafting rows' blocks after this step, ``[rows, widest block]``.
+
+        Each row's logits are its rule's offsets only (``logit_positions`` rows of one position each); their
+        candidates and confidences return to ``[rows, block]``, where the positions not computed keep their
+        token and get a confidence of -inf, and the rule decides what the step writes."""
+        device = self.lm.device
+        width = max(len(span.tokens) for span in spans)  # drafts near an answer's end are shorter
+        padding = self.stop_ids[0]  # a token the rule never rewrites: a padded position commits nothing
+        blocks = torch.tensor([span.tokens + [padding] * (width - len(span.tokens)) for span in spans], device=device)
+        owners = [row for row, span in enumerate(spans) for _ in span.logit_offsets]
+        at = (torch.tensor(owners, dtype=torch.long, device=device),
+              torch.tensor([offset for span in spans for offset in span.logit_offsets], dtype=torch.long,
+                           device=device))
+        logits = torch.cat(pieces)[:, None]  # [positions, 1, vocab]
+        contexts = torch.tensor([span.row.context for span in spans], device=device)
+        owning = [spans[row] for row in owners]
+        sampling = block_sampling([span.request.params for span in owning], [span.request.seed for span in owning],
+                                  [span.row.block_draws + 1 for span in owning], (contexts[at[0]] + at[1])[:, None],
+                                  logits.shape[-1])
+        candidates, confidence = propose_tokens(logits, self.mask_id, sampling)
+        candidates = blocks.index_put(at, candidates.view(-1))
+        confidence = confidence.new_full(blocks.shape, float("-inf")).index_put(at, confidence.view(-1))
+        if self.speculative:
+            return torch.where(self.rule.draft(candidates, confidence, blocks), candidates, blocks)
+        steps = torch.tensor([span.row.step_in_block for span in spans], device=device)
+        return self.rule.step(BlockView(blocks, candidates, confidence, None, steps)).tokens
 
     def _advance(self, span: _Span, values: list[int], logprobs: list[TokenLogprob] | None) -> RowResult:
         row = span.row
@@ -225,8 +236,9 @@ class AnchoredRunner:
             result = self._report(row, run, logprobs[:len(run)] if logprobs else None)
             self._start_block(row, run[-1:])
             return result
-        if logprobs and span.kind == "denoise":  # a position's log-probability is the one it was committed at
-            row.block_logprobs = [logprobs[j] if token == self.mask_id and values[j] != self.mask_id else kept
+        if logprobs and span.kind == "denoise":  # a position's log-probability is the one it was written at
+            computed = dict(zip(span.logit_offsets, logprobs))
+            row.block_logprobs = [computed[j] if j in computed and values[j] != token else kept
                                   for j, (token, kept) in enumerate(zip(span.tokens, row.block_logprobs))]
         row.block, row.step_in_block, row.block_draws = values, row.step_in_block + 1, row.block_draws + 1
         if span.kind == "draft" or not self._block_done(span.request, values):
@@ -244,11 +256,9 @@ class AnchoredRunner:
         row.step_in_block = 0
 
     def _block_done(self, request: Request, block: list[int]) -> bool:
-        masks = [i for i, token in enumerate(block) if token == self.mask_id]
-        if not masks:
-            return True
-        stop = first_stop(block, self.stop_ids)
-        return request.params.stop_at_eos and stop is not None and stop < masks[0]
+        """The rule makes the block final, or (the checkpoint's own loop) it ends at a stop token."""
+        return self.rule.read_row(block).final or (
+            request.params.stop_at_eos and self.rule.ends_at_stop(block, self.stop_ids))
 
     def _report(self, row: AnchoredRow, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> RowResult:
         row.generated += len(tokens)
