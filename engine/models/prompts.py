@@ -18,6 +18,9 @@ from collections.abc import Mapping, Sequence
 from transformers import PreTrainedTokenizerBase
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, object]]
+# the chat roles a prompt may use, the OpenAI server's too; "developer" is OpenAI's newer name for "system"
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+ROLE_ALIASES = {"developer": "system"}
 MAX_COMPOSED_CHARACTERS = 3  # a Hangul syllable from three jamo: the most Unicode composition merges
 _chars_per_token: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -83,6 +86,15 @@ def message_text(content: object, index: int) -> str:
     return "\n".join(texts)
 
 
+def chat_role(role: object, index: int) -> str:
+    """The role the chat template gets for message ``index``: one of :data:`CHAT_ROLES`, aliases resolved."""
+    if not isinstance(role, str):
+        raise ValueError(f"chat message {index} needs string 'role' and 'content' fields")
+    if role not in CHAT_ROLES:
+        raise ValueError(f"chat message {index} has role {role!r}: the roles are {', '.join(CHAT_ROLES)}")
+    return ROLE_ALIASES.get(role, role)
+
+
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, vocab_size: int,
                   max_tokens: int | None = None) -> list[int]:
     """str -> tokenized as is; list[int] -> used as is; list of {"role", "content"} -> chat template.
@@ -97,9 +109,8 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, vocab_size
     if is_chat(prompt):
         messages = []
         for index, message in enumerate(prompt):
-            if not isinstance(message.get("role"), str):
-                raise ValueError(f"chat message {index} needs string 'role' and 'content' fields")
-            messages.append({"role": message["role"], "content": message_text(message.get("content"), index)})
+            role = chat_role(message.get("role"), index)
+            messages.append({"role": role, "content": message_text(message.get("content"), index)})
         if not any(message["content"].strip() for message in messages):
             raise ValueError("prompt is empty (every chat message has empty content)")
         check_fits(tokenizer, [message["content"] for message in messages], max_tokens)

@@ -24,6 +24,8 @@ from openai.types.completion_choice import Logprobs
 from openai.types.completion_usage import PromptTokensDetails
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.models.prompts import CHAT_ROLES
+
 MAX_STOP_STRINGS = 4  # OpenAI's own limit
 
 
@@ -136,7 +138,7 @@ class ContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer system
+    role: Literal[CHAT_ROLES]  # the engine's roles (engine.models.prompts): it reads developer as system
     content: str | list[ContentPart]
     name: str | None = None  # refused when set: the chat template has no place for a name
 
@@ -185,8 +187,7 @@ class ChatCompletionRequest(_Request):
     prompt_cache_options: Any = None
 
     def prompt_input(self) -> list[dict[str, str]]:
-        return [{"role": "system" if message.role == "developer" else message.role,
-                 "content": message.text(index)} for index, message in enumerate(self.messages)]
+        return [{"role": message.role, "content": message.text(index)} for index, message in enumerate(self.messages)]
 
 
 # -- responses: the openai package's own types; ``blockserve`` rides along as an extra field ------------
