@@ -20,8 +20,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from ray import serve
+from ray.exceptions import TaskCancelledError
 from ray.serve import Application
+from ray.serve.exceptions import RequestCancelledError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from actors.engine_loop import EngineLoop
 from actors.model_options import BATCH_INVARIANT_DESCRIPTION, COMPILE_DESCRIPTION, refuse_model_options_in_engine
@@ -34,6 +37,8 @@ from engine.models.options import ModelOptions
 
 DEPLOYMENT_NAME = "BlockServeOpenAI"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+# how a client that leaves mid-response surfaces: Serve cancels the replica's wait for its next message
+CLIENT_GONE = (TaskCancelledError, RequestCancelledError, ClientDisconnect)
 logger = logging.getLogger("ray.serve")
 
 
@@ -108,6 +113,9 @@ async def _openai_error(request: Request, error: OpenAIError) -> JSONResponse:
 
 @api.exception_handler(Exception)
 async def _server_bug(request: Request, error: Exception) -> JSONResponse:
+    if isinstance(error, CLIENT_GONE):  # normal: the stream's own cleanup has aborted its request
+        logger.info("client left before the response of %s %s ended", request.method, request.url.path)
+        return error_response(OpenAIError("client disconnected", status=499, code="client_disconnected"))
     logger.exception("unhandled error in %s %s", request.method, request.url.path)
     return error_response(OpenAIError(f"internal server error: {type(error).__name__}", status=500,
                                       type="server_error", code="internal_error"))
