@@ -50,9 +50,11 @@ from ray.llm._internal.batch.stages.base import StatefulStage, StatefulStageUDF 
 
 from actors.ray_data.actor_config import ActorConfig, offline_engine_config, retries_problem  # noqa: E402
 from actors.ray_data.batch_rows import INPUT_COLUMNS, input_rows  # noqa: E402
+from actors.ray_data.cluster_fit import PROCESSOR_SETTINGS, ActorPool, actor_resources, check_fit  # noqa: E402
 from engine import EngineConfig  # noqa: E402
 
 DEFAULT_ACTOR_CLASS = "actors.ray_data.block_serve_actor.BlockServeActor"
+TASK_CPUS = 1.0  # what a Ray Data task (a preprocess, a postprocess) reserves unless its map kwargs say otherwise
 
 
 class BlockServeProcessorConfig(OfflineProcessorConfig):
@@ -71,7 +73,8 @@ class BlockServeProcessorConfig(OfflineProcessorConfig):
                                "(actors/ray_data/actor_config.py); its model is model_source")
     num_gpus_per_actor: float = Field(0.0, ge=0.0, description="0 on CPU clusters; on GPUs, one per rank: "
                                       "the engine's tensor_parallel_size")
-    num_cpus_per_actor: float = Field(1.0, gt=0.0, description="CPUs per actor (a CPU engine's: per rank)")
+    num_cpus_per_actor: float = Field(0.5, gt=0.0, description="CPUs per actor (a CPU engine's: per rank); "
+                                      "half a CPU, so that two actors on two CPUs leave one for the other tasks")
     max_restarts: int = Field(16, ge=-1, description="times Ray restarts an actor whose process died, then "
                               "its batches fail the job; with actor.stats_actor, at least max_batch_deaths + "
                               "max_isolation_deaths; -1: no limit")
@@ -114,8 +117,15 @@ class BlockServeProcessorConfig(OfflineProcessorConfig):
     @property
     def actor_cpus(self) -> float:
         """CPUs an actor reserves: ``num_cpus_per_actor`` for each rank of a CPU engine, else as given."""
-        ranks = self.actor.engine.tensor_parallel_size
-        return self.num_cpus_per_actor * (ranks if not self.num_gpus_per_actor else 1)
+        return actor_resources(self.num_cpus_per_actor, self.num_gpus_per_actor,
+                               self.actor.engine.tensor_parallel_size).cpus
+
+    def actor_pool(self, other_task_cpus: float) -> ActorPool:
+        """The actors this processor starts (the least of a ``concurrency`` range), beside tasks of
+        ``other_task_cpus``."""
+        num_actors = self.concurrency if isinstance(self.concurrency, int) else self.concurrency[0]
+        return ActorPool(num_actors, self.num_cpus_per_actor, self.num_gpus_per_actor,
+                         self.actor.engine.tensor_parallel_size, other_task_cpus, PROCESSOR_SETTINGS)
 
     @field_validator("actor_class")
     @classmethod
@@ -198,9 +208,27 @@ def build_blockserve_processor(config: BlockServeProcessorConfig, preprocess=Non
             num_gpus=config.num_gpus_per_actor or None, num_cpus=config.actor_cpus,
             runtime_env=config.runtime_env, max_restarts=config.max_restarts,
             max_task_retries=config.max_task_retries))
-    return Processor(config, [stage], preprocess=preprocess, postprocess=postprocess,
-                     preprocess_map_kwargs=preprocess_map_kwargs,
-                     postprocess_map_kwargs=postprocess_map_kwargs)
+    return BlockServeProcessor(config, [stage], preprocess=preprocess, postprocess=postprocess,
+                               preprocess_map_kwargs=preprocess_map_kwargs,
+                               postprocess_map_kwargs=postprocess_map_kwargs)
+
+
+class BlockServeProcessor(Processor):
+    """Ray's processor, which first checks that the connected cluster holds its actors beside its
+    preprocess and postprocess tasks (``actors/ray_data/cluster_fit.py``): a pool that cannot start
+    raises here, naming the setting to change, instead of waiting forever."""
+
+    def __call__(self, dataset: ray.data.Dataset) -> ray.data.Dataset:
+        check_fit(self.config.actor_pool(self.other_task_cpus))
+        return super().__call__(dataset)
+
+    @property
+    def other_task_cpus(self) -> float:
+        """The CPUs of the larger of its preprocess and postprocess tasks; without them, of a read or
+        write task of the dataset."""
+        maps = [kwargs for function, kwargs in ((self.preprocess, self.preprocess_map_kwargs),
+                                                (self.postprocess, self.postprocess_map_kwargs)) if function]
+        return max((kwargs.get("num_cpus", TASK_CPUS) for kwargs in maps), default=TASK_CPUS)
 
 
 if BlockServeProcessorConfig.__name__ not in ProcessorBuilder._registry:
