@@ -46,6 +46,8 @@ BUCKET_COLUMN = "length_bucket"
 PREFIX_COLUMN = "prompt_prefix"  # a hash of the prompt's first PREFIX_TOKENS tokens (0: a shorter prompt)
 GROUP_COLUMN = "prefix_group"  # the prefix hash when another row shares it, else 0
 PREFIX_TOKENS = 64  # longer than a chat template's header, short of a shared instruction
+DEFAULT_ID_COLUMN = PipelineConfig.model_fields["id_column"].default  # made from each row's content when absent
+MODEL_FILES_WITHOUT_WEIGHTS = ["*.json", "*.jinja", "*.model", "*.txt"]  # config, tokenizer, chat template
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -100,18 +102,56 @@ def with_ids_not_done(ds: ray.data.Dataset, id_column: str, done_ids: pa.Chunked
                           fn_kwargs={"id_column": id_column, "done_ids": done_ids.combine_chunks()})
 
 
+# -- checks before the actors start ---------------------------------------------------------------
+def check_columns(config: PipelineConfig) -> None:
+    """Refuse an input without the prompt column (or a chat column), or without an id column the config
+    names, listing the columns it has (Ray Data reads only the first block to find them)."""
+    columns = read_input(config).columns() or []
+    found = ", ".join(columns) or "(none)"
+    if config.prompt_column not in columns and config.messages_column not in columns:
+        raise ConfigError(f"input {config.input} has no prompt column {config.prompt_column!r} (nor a "
+                          f"{config.messages_column!r} column of chats); its columns: {found}. "
+                          "Set prompt_column, e.g. --set prompt_column=NAME")
+    if config.id_column not in columns and config.id_column != DEFAULT_ID_COLUMN:
+        raise ConfigError(f"input {config.input} has no id column {config.id_column!r}; its columns: {found}. "
+                          f"Set id_column to one of them, or to {DEFAULT_ID_COLUMN!r} for ids made from each "
+                          "row's content")
+
+
+def model_files(model: str) -> Path:
+    """The directory of ``model``'s config and tokenizer files, without its weights. "tiny" and a directory
+    resolve by the engine's own rules (``resolve_model_dir``); anything else is fetched from the hub, these
+    files only, and a failure is raised as the engine raises it: its message for a bad path or hub id."""
+    from engine.models.loader import resolve_model_dir
+
+    if model == "tiny" or Path(model).expanduser().is_dir():
+        return resolve_model_dir(model)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(model, allow_patterns=MODEL_FILES_WITHOUT_WEIGHTS))
+    except Exception:  # the engine's resolution fails the same way, with its own message
+        return resolve_model_dir(model)
+
+
+def check_model(model: str) -> None:
+    """Refuse, with the engine's own message, a model no actor could load: a bad path, a hub id that cannot
+    be fetched, a checkpoint of no served family, a tokenizer that does not load. Reads no weights."""
+    from engine.models.checkpoint import read_json
+    from engine.models.families import detect_family
+
+    directory = model_files(model)
+    detect_family(read_json(directory / "config.json"), directory)
+    load_tokenizer(model)
+
+
 # -- prompt lengths --------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(model: str):
     """The model's tokenizer without its weights (a hub id fetches only the tokenizer files)."""
-    from engine.models.loader import TINY_MODEL_DIR, load_tokenizer as load_from_dir
+    from engine.models.loader import load_tokenizer as load_from_dir
 
-    directory = TINY_MODEL_DIR if model == "tiny" else Path(model).expanduser()
-    if not directory.is_dir():
-        from huggingface_hub import snapshot_download
-
-        directory = Path(snapshot_download(model, allow_patterns=["*.json", "*.jinja", "*.model", "*.txt"]))
-    return load_from_dir(directory)
+    return load_from_dir(model_files(model))
 
 
 def prompt_tokens(tokenizer, prompt, chat_template: bool) -> list[int]:

@@ -10,6 +10,10 @@ Resume: outputs are keyed by the id column, and a rerun with the same ``--output
 rows whose id is not yet in ``DIR/outputs`` (Ray Data writes each output file whole, from finished
 blocks only; a file cut off by a crash is deleted and its rows redone). Within a run, an actor that dies
 is restarted by Ray and its unfinished blocks are retried, so every row is still written exactly once.
+
+Before it reads the input in full or starts an actor, the job checks what fails in seconds: the model
+resolves (the engine's own message otherwise), the input has the prompt column, and the cluster holds the
+actors beside the dataset's other tasks (``actors/ray_data/cluster_fit.py``).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import ray
 
+from actors.ray_data.cluster_fit import JOB_SETTINGS, ActorPool, ClusterFitError, check_fit
 from pipeline import data, stats as job_stats, storage
 from pipeline.config import ConfigError, PipelineConfig, load_config
 from pipeline.failures import JobFailedError
@@ -33,6 +38,7 @@ from pipeline.stderr_filter import benign_ray_lines_dropped
 
 logger = logging.getLogger("pipeline")
 REPO_ROOT = Path(__file__).resolve().parents[1]
+LIGHT_TASK_CPUS = 0.25  # row reshaping and writes: a full CPU each would starve the actors on small nodes
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,9 +65,9 @@ def connect_ray() -> None:
         ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, _system_config={"worker_niceness": 0})
 
 
-def number_of_actors(config: PipelineConfig, num_blocks: int) -> int:
+def number_of_actors(config: PipelineConfig, num_blocks: int | None = None) -> int:
     """Configured, else as many as the cluster's nodes hold (GPU mode: each node's GPUs over an actor's, which
-    is one per rank) or one (CPU); never more than blocks."""
+    is one per rank) or one (CPU); never more than ``num_blocks`` blocks of work."""
     wanted = config.actors.num_actors
     if wanted is None and config.uses_gpus:
         per_actor = config.actors.num_gpus
@@ -72,7 +78,28 @@ def number_of_actors(config: PipelineConfig, num_blocks: int) -> int:
         if wanted == 0:
             raise ConfigError("the cluster has no GPUs yet: set actors.num_actors (the autoscaler adds "
                               "GPU nodes for them) or run CPU actors with actors.num_gpus: 0")
-    return max(1, min(wanted or 1, num_blocks))
+    wanted = wanted or 1
+    return wanted if num_blocks is None else max(1, min(wanted, num_blocks))
+
+
+def actor_pool(config: PipelineConfig, num_actors: int) -> ActorPool:
+    """The job's actors, beside its light preprocess, postprocess and write tasks."""
+    return ActorPool(num_actors, config.actors.num_cpus, config.actors.num_gpus, config.engine.tensor_parallel_size,
+                     LIGHT_TASK_CPUS, JOB_SETTINGS)
+
+
+def check_before_start(config: PipelineConfig) -> None:
+    """What fails in seconds, checked before the input is read in full or an actor starts: the model, the
+    input's columns and whether the cluster holds the actors. Raises ConfigError saying what to change."""
+    try:
+        data.check_model(config.model)
+    except (ValueError, OSError) as error:
+        raise ConfigError(f"model {config.model!r}: {error}") from None
+    data.check_columns(config)
+    try:
+        check_fit(actor_pool(config, number_of_actors(config)))
+    except ClusterFitError as error:
+        raise ConfigError(str(error)) from None
 
 
 def prepare(config: PipelineConfig, done_ids) -> ray.data.Dataset:
@@ -119,7 +146,7 @@ def generate(ds: ray.data.Dataset, config: PipelineConfig, num_actors: int,
     from ray.data.llm import build_processor
 
     prompt_column = config.prompt_column
-    light = {"num_cpus": 0.25}  # row reshaping: a full CPU each would starve the actors on small nodes
+    light = {"num_cpus": LIGHT_TASK_CPUS}
     processor = build_processor(
         processor_config(config, num_actors, registry_name),
         preprocess=lambda row: row if prompt_column == "prompt" else {**row, "prompt": row[prompt_column]},
@@ -146,7 +173,7 @@ def generate_and_write(ds: ray.data.Dataset, config: PipelineConfig, num_actors:
             # writes are light: a full CPU each would starve them on small nodes, and then Ray Data
             # holds back the actors whose outputs pile up unwritten
             generate(ds, config, num_actors, registry_name).write_parquet(
-                outputs_dir, ray_remote_args={"num_cpus": 0.25})
+                outputs_dir, ray_remote_args={"num_cpus": LIGHT_TASK_CPUS})
         except Exception as error:
             raise JobFailedError(error, ray.get(registry.deaths.remote())) from error
         wall_s = time.time() - started
@@ -164,6 +191,7 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     if not storage.is_uri(config.output) and len([n for n in ray.nodes() if n["Alive"]]) > 1:
         logger.warning("output %s is a local path on a multi-node cluster: each node would hold part of "
                        "the outputs; use a URI (s3://...) or a shared filesystem", config.output)
+    check_before_start(config)
     if config.overwrite:
         storage.delete_dir(outputs_dir)
     done_ids = storage.read_column(outputs_dir, config.id_column)

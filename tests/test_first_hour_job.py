@@ -1,11 +1,12 @@
-"""A new user's first hour with ``build_processor``: a pool of actors the cluster cannot hold fails
+"""A new user's first hour with the batch job and ``build_processor``: what would hang or fail late fails
 before any actor starts, with a message that says what to change."""
 from __future__ import annotations
 
 import pytest
 
 from actors.ray_data.cluster_fit import Cluster, ClusterFitError, Resources, fit_problem
-from tests.pipeline_helpers import demo_rows
+from pipeline.config import load_config
+from tests.pipeline_helpers import REPO_ROOT, demo_rows, run_small_job
 
 TWO_CPUS = Cluster((Resources(cpus=2.0),))
 
@@ -43,6 +44,27 @@ def test_a_cpu_engine_split_in_two_reserves_a_cpu_share_per_rank_and_is_refused_
     assert 'lower engine_kwargs["tensor_parallel_size"]' in problem
 
 
+def test_an_actor_larger_than_every_node_is_refused_with_the_largest_node():
+    from pipeline.run import actor_pool
+
+    config = load_config(REPO_ROOT / "configs" / "nemotron-labs-diffusion-8b.yaml")  # 4 CPUs, 1 GPU an actor
+    problem = fit_problem(actor_pool(config, 1), Cluster((Resources(cpus=2.0, gpus=1.0),)))
+    assert problem == ("an actor asks for 4 CPUs but no node has more than 2; Ray would wait for one forever. "
+                       "Set actors.num_cpus to at most 2")
+
+
+def test_more_gpu_actors_than_a_fixed_cluster_holds_are_refused_and_an_autoscaler_may_add_nodes():
+    from pipeline.run import actor_pool
+
+    config = load_config(REPO_ROOT / "configs" / "llada-8b-instruct.yaml", ["actors.num_actors=4"])
+    fixed = Cluster((Resources(cpus=8.0), Resources(cpus=64.0, gpus=2.0)))
+    problem = fit_problem(actor_pool(config, 4), fixed)
+    assert problem.startswith("the cluster's nodes hold 2 actor(s) of 4 CPUs and 1 GPUs, not the 4 asked for")
+    assert problem.endswith("Set actors.num_actors to at most 2, or add GPU nodes")
+    autoscaling = Cluster((Resources(cpus=8.0),), addable=(Resources(cpus=192.0, gpus=8.0),))
+    assert fit_problem(actor_pool(config, 4), autoscaling) is None
+
+
 def test_a_processor_that_cannot_start_raises_when_applied_before_any_actor_starts(ray_cluster):
     from ray.data.llm import build_processor
 
@@ -51,3 +73,42 @@ def test_a_processor_that_cannot_start_raises_when_applied_before_any_actor_star
     dataset = ray_cluster.data.from_items(demo_rows(4))
     with pytest.raises(ClusterFitError, match="take 4 of the cluster's 4 CPUs and leave 0, less than the 1"):
         processor(dataset)  # lazy: the dataset has not run, so no actor was created
+
+
+def test_a_job_whose_actor_no_node_holds_exits_at_once_naming_actors_num_cpus(ray_cluster, tmp_path, capsys):
+    output = tmp_path / "out"
+    assert run_small_job("tiny", output, "actors.num_cpus=8") == 2
+    assert "an actor asks for 8 CPUs but no node has more than 4" in capsys.readouterr().err
+    assert not output.exists()  # refused before reading the input or starting an actor
+
+
+# -- the input's columns and the model, before any actor starts ------------------------------------
+def test_a_wrong_prompt_column_is_refused_listing_the_input_columns(ray_cluster, tmp_path, capsys):
+    output = tmp_path / "out"
+    assert run_small_job("tiny", output, "prompt_column=question") == 2
+    err = capsys.readouterr().err
+    assert "has no prompt column 'question' (nor a 'messages' column of chats)" in err
+    assert "its columns: id, task, prompt, answer, start, stop. Set prompt_column" in err
+    assert not output.exists()
+
+
+def test_a_named_id_column_the_input_lacks_is_refused(ray_cluster, tmp_path, capsys):
+    assert run_small_job("tiny", tmp_path / "out", "id_column=row_id") == 2
+    assert "has no id column 'row_id'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model, message", [
+    ("/nonexistent/checkpoint", "unknown model '/nonexistent/checkpoint': not 'tiny', not a directory, not a hub id"),
+    ("no-such-org/no-such-model", "could not be fetched from the Hugging Face hub"),
+])
+def test_a_model_no_actor_could_load_fails_in_the_driver_with_the_engines_message(
+        ray_cluster, tmp_path, capsys, model, message):
+    output = tmp_path / "out"
+    assert run_small_job(model, output) == 2
+    assert message in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_a_checkpoint_directory_without_config_is_refused_by_the_engines_rule(ray_cluster, tmp_path, capsys):
+    assert run_small_job(str(tmp_path), tmp_path / "out") == 2
+    assert f"model directory {tmp_path} has no config.json" in capsys.readouterr().err
