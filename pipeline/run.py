@@ -39,6 +39,7 @@ from pipeline.stderr_filter import benign_ray_lines_dropped
 logger = logging.getLogger("pipeline")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LIGHT_TASK_CPUS = 0.25  # row reshaping and writes: a full CPU each would starve the actors on small nodes
+SUBMITTED_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by `ray job submit` for its entrypoint
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -278,6 +279,18 @@ def expected_answers(config: PipelineConfig, count: int = 5) -> str:
     return "\n".join(lines)
 
 
+def absolute_output(config: PipelineConfig) -> PipelineConfig:
+    """``config`` with its output made absolute (a URI stays as it is). Under ``ray job submit`` a relative
+    path is refused: it would resolve inside Ray's temporary copy of the working directory, not where
+    the user looks."""
+    if os.environ.get(SUBMITTED_JOB_ENV) and not storage.is_uri(config.output) and not os.path.isabs(config.output):
+        raise ConfigError(f"output {config.output!r} is a relative path, and under `ray job submit` it would land "
+                          f"in {os.getcwd()}, Ray's temporary copy of the working directory. Pass an absolute "
+                          "path on a filesystem every node shares (--output /data/run1) or a storage URI "
+                          "(--output s3://bucket/run1)")
+    return config.model_copy(update={"output": storage.absolute(config.output)})
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -285,10 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     overrides += [f"input={json.dumps(args.input)}"] if args.input else []
     overrides += [f"output={json.dumps(args.output)}"] if args.output else []
     try:
-        config = load_config(args.config, overrides)
+        config = absolute_output(load_config(args.config, overrides))
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
+    logger.info("writing to %s", config.output)
     connect_ray()
     try:
         with benign_ray_lines_dropped():
@@ -303,17 +317,17 @@ def main(argv: list[str] | None = None) -> int:
             logger.error("%s", line)
         print(f"job failed; rerun with --output {config.output} to resume", file=sys.stderr)
         return 1
+    outputs_dir = storage.join(config.output, "outputs")
     if result is None:
-        print(f"nothing to do: every row is already in {storage.join(config.output, 'outputs')} "
-              "(--set overwrite=true starts over)")
-    else:
-        run_info = result["run"]
-        print(f"\n{job_stats.format_table(result)}\n\n{run_info['output_rows']} rows "
-              f"({run_info['output_unique_ids']} unique ids) in {storage.join(config.output, 'outputs')}; "
-              f"stats in {storage.join(config.output, 'stats.json')} and stats.png")
-        samples = expected_answers(config)
-        if samples:
-            print(f"\n{samples}")
+        print(f"nothing to do: every row is already in {outputs_dir} (--set overwrite=true starts over)")
+        return 0
+    run_info = result["run"]
+    print(f"\n{job_stats.format_table(result)}")
+    samples = expected_answers(config)
+    if samples:
+        print(f"\n{samples}")
+    print(f"\n{run_info['output_rows']} rows ({run_info['output_unique_ids']} unique ids) in {outputs_dir}; "
+          f"stats in {storage.join(config.output, 'stats.json')} and stats.png")
     return 0
 
 

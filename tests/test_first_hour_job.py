@@ -1,12 +1,13 @@
 """A new user's first hour with the batch job and ``build_processor``: what would hang or fail late fails
-before any actor starts, with a message that says what to change."""
+before any actor starts, with a message that says what to change; the output path printed is where the
+outputs are."""
 from __future__ import annotations
 
 import pytest
 
 from actors.ray_data.cluster_fit import Cluster, ClusterFitError, Resources, fit_problem
 from pipeline.config import load_config
-from tests.pipeline_helpers import REPO_ROOT, demo_rows, run_small_job
+from tests.pipeline_helpers import REPO_ROOT, TINY_CONFIG, demo_rows, run_small_job
 
 TWO_CPUS = Cluster((Resources(cpus=2.0),))
 
@@ -112,3 +113,13 @@ def test_a_model_no_actor_could_load_fails_in_the_driver_with_the_engines_messag
 def test_a_checkpoint_directory_without_config_is_refused_by_the_engines_rule(ray_cluster, tmp_path, capsys):
     assert run_small_job(str(tmp_path), tmp_path / "out") == 2
     assert f"model directory {tmp_path} has no config.json" in capsys.readouterr().err
+
+
+def test_a_submitted_job_refuses_a_relative_output(monkeypatch, capsys):
+    from pipeline.run import main
+
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # what `ray job submit` sets for its entrypoint
+    assert main(["--config", str(TINY_CONFIG), "--output", "runs/mine"]) == 2
+    err = capsys.readouterr().err
+    assert "output 'runs/mine' is a relative path, and under `ray job submit` it would land in" in err
+    assert "Pass an absolute path" in err and "s3://bucket/run1" in err
