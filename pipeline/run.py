@@ -8,7 +8,8 @@
 
 Resume: outputs are keyed by the id column, and a rerun with the same ``--output`` generates only the
 rows whose id is not yet in ``DIR/outputs`` (Ray Data writes each output file whole, from finished
-blocks only; a file cut off by a crash is deleted and its rows redone). Within a run, an actor that dies
+blocks only; a file cut off by a crash is deleted and its rows redone). Rows written with an
+``__inference_error__`` are removed first, so a rerun retries them. Within a run, an actor that dies
 is restarted by Ray and its unfinished blocks are retried, so every row is still written exactly once.
 
 Before it reads the input in full or starts an actor, the job checks what fails in seconds: the model
@@ -39,6 +40,7 @@ from pipeline.stderr_filter import benign_ray_lines_dropped
 logger = logging.getLogger("pipeline")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LIGHT_TASK_CPUS = 0.25  # row reshaping and writes: a full CPU each would starve the actors on small nodes
+ERROR_COLUMN = "__inference_error__"
 SUBMITTED_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by `ray job submit` for its entrypoint
 
 
@@ -195,9 +197,11 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
     check_before_start(config)
     if config.overwrite:
         storage.delete_dir(outputs_dir)
+    failed = storage.drop_rows_with_value(outputs_dir, ERROR_COLUMN)
     done_ids = storage.read_column(outputs_dir, config.id_column)
-    if len(done_ids):
-        logger.info("resuming: %d rows already in %s are skipped", len(done_ids), outputs_dir)
+    if len(done_ids) or failed:
+        logger.info("resuming: %d rows already in %s are skipped; %d rows written with an %s are generated "
+                    "again", len(done_ids), outputs_dir, failed, ERROR_COLUMN)
     logger.info("reading %s and measuring prompts with %s's tokenizer", config.input, config.model)
     prepared = prepare(config, done_ids)
     rows_todo = prepared.count()
@@ -247,10 +251,10 @@ def first_difference(output: str, expected: str) -> int | None:
     return None if len(got) == len(want) else min(len(got), len(want))
 
 
-def around(text: str, word: int, before: int = 6, after: int = 6) -> str:
+def around(text: str | None, word: int, before: int = 6, after: int = 6) -> str:
     """The words of ``text`` from ``before`` words ahead of ``word`` to ``after`` past it, with "..."
     where words were left out."""
-    words = text.split()
+    words = (text or "").split()  # a row without a prompt holds None
     start, end = max(0, word - before), min(len(words), word + after)
     shown = " ".join(words[start:end]) or "(nothing)"
     return ("... " if start else "") + shown + (" ..." if end < len(words) else "")
@@ -291,6 +295,19 @@ def absolute_output(config: PipelineConfig) -> PipelineConfig:
     return config.model_copy(update={"output": storage.absolute(config.output)})
 
 
+def retry_hint(config: PipelineConfig) -> str:
+    """How many written rows carry an ``__inference_error__`` and how to retry them; empty when none."""
+    outputs_dir = storage.join(config.output, "outputs")
+    files, (filesystem, _) = storage.list_files(outputs_dir, ".parquet"), storage.resolve(outputs_dir)
+    # checked first: read_column deletes a file it cannot read, and a missing column reads as that
+    if not files or ERROR_COLUMN not in pq.read_schema(files[0], filesystem=filesystem).names:
+        return ""
+    failed = sum(1 for error in storage.read_column(outputs_dir, ERROR_COLUMN).to_pylist() if error)
+    if not failed:
+        return ""
+    return f"{failed} row(s) in {outputs_dir} have an {ERROR_COLUMN}; rerun with --output {config.output} to retry them"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -323,9 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     run_info = result["run"]
     print(f"\n{job_stats.format_table(result)}")
-    samples = expected_answers(config)
-    if samples:
-        print(f"\n{samples}")
+    for note in (expected_answers(config), retry_hint(config)):
+        if note:
+            print(f"\n{note}")
     print(f"\n{run_info['output_rows']} rows ({run_info['output_unique_ids']} unique ids) in {outputs_dir}; "
           f"stats in {storage.join(config.output, 'stats.json')} and stats.png")
     return 0

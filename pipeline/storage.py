@@ -10,6 +10,7 @@ import logging
 import os
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -80,3 +81,32 @@ def read_column(location: str, column: str) -> pa.ChunkedArray:
             continue
         chunks.extend(table.column(column).cast(pa.string()).chunks)
     return pa.chunked_array(chunks, type=pa.string())
+
+
+def drop_rows_with_value(location: str, column: str) -> int:
+    """Remove from every Parquet file under ``location`` the rows whose ``column`` is non-empty; returns
+    how many. A file is replaced by its kept rows through a temporary name that no reader lists, and the
+    old file goes first: a crash leaves the old rows or the new ones (or neither, and those rows are
+    redone), never both."""
+    fs, _ = resolve(location)
+    dropped = 0
+    for path in list_files(location, ".parquet"):
+        try:
+            if column not in pq.read_schema(path, filesystem=fs).names:
+                continue
+            table = pq.read_table(path, filesystem=fs)
+        except (pa.ArrowInvalid, OSError):
+            continue  # a write cut off by a crash: read_column deletes it
+        values = table.column(column)
+        has_value = pc.and_kleene(pc.is_valid(values), pc.not_equal(values, ""))  # a null is no value
+        count = pc.sum(has_value).as_py() or 0
+        if count == 0:
+            continue
+        kept = table.filter(pc.invert(has_value))
+        if kept.num_rows:
+            pq.write_table(kept, f"{path}.rewriting", filesystem=fs)
+        fs.delete_file(path)
+        if kept.num_rows:
+            fs.move(f"{path}.rewriting", path)
+        dropped += count
+    return dropped

@@ -1,13 +1,16 @@
 """A new user's first hour with the batch job and ``build_processor``: what would hang or fail late fails
-before any actor starts, with a message that says what to change; the output path printed is where the
-outputs are."""
+before any actor starts, with a message that says what to change; error rows are retried on resume; the
+output path printed is where the outputs are."""
 from __future__ import annotations
+
+import json
+import logging
 
 import pytest
 
 from actors.ray_data.cluster_fit import Cluster, ClusterFitError, Resources, fit_problem
 from pipeline.config import load_config
-from tests.pipeline_helpers import REPO_ROOT, TINY_CONFIG, demo_rows, run_small_job
+from tests.pipeline_helpers import REPO_ROOT, TINY_CONFIG, demo_rows, read_outputs, run_small_job
 
 TWO_CPUS = Cluster((Resources(cpus=2.0),))
 
@@ -113,6 +116,32 @@ def test_a_model_no_actor_could_load_fails_in_the_driver_with_the_engines_messag
 def test_a_checkpoint_directory_without_config_is_refused_by_the_engines_rule(ray_cluster, tmp_path, capsys):
     assert run_small_job(str(tmp_path), tmp_path / "out") == 2
     assert f"model directory {tmp_path} has no config.json" in capsys.readouterr().err
+
+
+# -- resume retries error rows; the printed output path is where the outputs are -----------------------
+def write_jsonl(path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_a_rerun_retries_rows_written_with_an_error_and_prints_the_absolute_output(
+        ray_cluster, tmp_path, monkeypatch, capsys, caplog):
+    monkeypatch.chdir(tmp_path)  # a relative --output resolves here, not in a worker's directory
+    rows = demo_rows(3)
+    broken = [{**row, "prompt": None} if index == 1 else row for index, row in enumerate(rows)]
+    write_jsonl(tmp_path / "in.jsonl", broken)
+    assert run_small_job("tiny", "out", input_path=tmp_path / "in.jsonl") == 0
+    first = capsys.readouterr().out
+    assert f"1 row(s) in {tmp_path / 'out' / 'outputs'} have an __inference_error__; rerun with --output" in first
+    assert first.rstrip().splitlines()[-1].startswith(f"3 rows (3 unique ids) in {tmp_path / 'out' / 'outputs'};")
+
+    write_jsonl(tmp_path / "in.jsonl", rows)  # the user fixes the row; the same --output resumes
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        assert run_small_job("tiny", "out", input_path=tmp_path / "in.jsonl") == 0
+    assert "2 rows already in" in caplog.text
+    assert "1 rows written with an __inference_error__ are generated again" in caplog.text
+    written = read_outputs(tmp_path / "out")
+    assert sorted(row["id"] for row in written) == sorted(row["id"] for row in rows)
+    assert not any(row["__inference_error__"] for row in written)
 
 
 def test_a_submitted_job_refuses_a_relative_output(monkeypatch, capsys):
