@@ -152,3 +152,24 @@ def test_a_submitted_job_refuses_a_relative_output(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "output 'runs/mine' is a relative path, and under `ray job submit` it would land in" in err
     assert "Pass an absolute path" in err and "s3://bucket/run1" in err
+
+
+def test_a_local_instance_keeps_token_auth_and_drops_only_rays_notice_of_it():
+    from ray._private.authentication import authentication_token_setup as ray_auth
+
+    from pipeline.run import RAY_AUTH_LOGGER, without_token_auth_notice
+
+    assert ray_auth.logger.name == RAY_AUTH_LOGGER
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    ray_auth.logger.addHandler(handler)
+    ray_auth.logger.addFilter(without_token_auth_notice)  # as connect_ray does before it starts an instance
+    try:
+        ray_auth._warn_token_auth_enabled()  # what ray.init logs for a new local instance, RAY_AUTH_MODE unset
+        ray_auth._warn_token_auth_disabled()  # another notice, which stays
+    finally:
+        ray_auth.logger.removeFilter(without_token_auth_notice)
+        ray_auth.logger.removeHandler(handler)
+    assert [record.getMessage().split(".")[0] for record in records] == [
+        "Token authentication is disabled for this Ray cluster"]
