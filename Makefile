@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 serve: $(STAMP)
-	$(VENV)/bin/serve run configs/serve-tiny.yaml
+	$(VENV)/bin/python -m actors.serving configs/serve-tiny.yaml
 
 bench-quick: $(STAMP)
 	$(PY) -m research paper --scale quick --device cpu --out benchmarks/results/quick

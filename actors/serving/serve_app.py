@@ -1,6 +1,6 @@
 """Ray Serve deployment: an OpenAI-compatible HTTP server over one BlockServe engine per replica.
 
-    serve run configs/serve-tiny.yaml          # import_path: actors.serving.serve_app:build_app
+    python -m actors.serving configs/serve-tiny.yaml   # import_path: actors.serving.serve_app:build_app
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``
 (503 when the engine loop died or is stuck; ``check_health`` makes Serve replace such a replica) and
@@ -12,13 +12,14 @@ protocol and the handlers are plain Python (``actors.engine_loop``, ``actors.ser
 # must see real classes (not strings) in their signatures to read the JSON body.
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from ray import serve
 from ray.exceptions import TaskCancelledError
 from ray.serve import Application
@@ -33,6 +34,7 @@ from actors.serving.openai.protocol import ChatCompletionRequest, CompletionRequ
 from actors.serving.openai.server import OpenAIServer, dump
 from actors.serving.serve_metrics import ServeMetrics
 from engine import BlockServeEngine, EngineConfig
+from engine.models.loader import resolve_model_dir
 from engine.models.options import ModelOptions
 
 DEPLOYMENT_NAME = "BlockServeOpenAI"
@@ -221,9 +223,54 @@ def build_deployment_app(config: ServeAppConfig, **deployment_options: Any) -> A
     return deployment.bind(config.model_dump())
 
 
+def config_problems(error: ValidationError) -> str:
+    """A pydantic error as one line per problem, each naming its key (``engine.block_length: ...``)."""
+    problems = []
+    for problem in error.errors():
+        key = ".".join(str(part) for part in problem["loc"])
+        message = ("unknown key" if problem["type"] == "extra_forbidden"
+                   else problem["msg"].removeprefix("Value error, "))
+        problems.append(f"{key}: {message}" if key else message)
+    return "\n".join(problems)
+
+
+def check_model(model: str) -> None:
+    """Raise the engine loader's ValueError when ``model`` does not resolve, reading no weights.
+
+    "tiny" and local paths resolve on this machine at once. A hub id is looked up by its ``config.json``
+    alone, so a deployment to GPU nodes downloads no weights where it is launched."""
+    local = model == "tiny" or Path(model).expanduser().is_dir()
+    if local or model.count("/") != 1 or model.startswith((".", "/", "~")):  # what the loader takes for a path
+        resolve_model_dir(model)
+        return
+    try:
+        from huggingface_hub import hf_hub_download
+
+        hf_hub_download(model, "config.json")
+    except Exception as error:  # offline, unknown repo, gated: the user's fix is the same
+        raise ValueError(f"model {model!r} is not a local directory and could not be fetched from the Hugging "
+                         f"Face hub ({type(error).__name__}: {error}); pass a local checkpoint path") from None
+
+
+def check_app_args(args: dict[str, Any] | None) -> ServeAppConfig:
+    """The application's ``args`` validated, and its model resolved, before anything is deployed.
+
+    Raises ValueError naming each bad key, or with the loader's message for a model that does not resolve."""
+    try:
+        config = ServeAppConfig.model_validate(args or {})
+    except ValidationError as error:
+        raise ValueError(config_problems(error)) from None
+    try:
+        check_model(config.model)
+    except ValueError as error:
+        raise ValueError(f"model: {error}") from None
+    return config
+
+
 def build_app(args: dict[str, Any]) -> Application:
-    """Application builder for ``serve run`` / ``serve deploy``: ``args`` is a :class:`ServeAppConfig`.
+    """Application builder for ``serve run`` / ``serve deploy``: ``args`` is a :class:`ServeAppConfig`,
+    checked by :func:`check_app_args`, so a bad key or model fails the build instead of every replica.
 
     Deployment options (replicas, ``ray_actor_options``, autoscaling) go in the config file's
     ``deployments:`` section under the name ``BlockServeOpenAI``."""
-    return build_deployment_app(ServeAppConfig.model_validate(args or {}))
+    return build_deployment_app(check_app_args(args))
