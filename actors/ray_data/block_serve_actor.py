@@ -9,7 +9,8 @@ chat template; a ``prompt`` column is raw text, tokenized as is, exactly like ``
 ``chat_template=True`` to wrap it as one user message, as the tiny model's configs do), or token ids;
 an optional ``sampling_params`` dict per row takes vLLM's names (``max_tokens``, ``temperature``,
 ``seed``, ``ignore_eos``) or ours. Output columns are named like Ray's vLLM stage where the meaning is
-the same (:data:`~actors.ray_data.row_outputs.OUTPUT_SCHEMA`), plus ours. A row that cannot be served gets
+the same (:data:`~actors.ray_data.row_outputs.OUTPUT_SCHEMA`), plus ours; ``sampling_params`` comes back as a
+JSON object in a string column, so any mix of keys reads without Ray. A row that cannot be served gets
 ``__inference_error__`` and ``finish_reason="error"`` while the others are unaffected; with
 ``should_continue_on_error=False`` (Ray's default in its processors) such a row fails the batch instead.
 
@@ -149,7 +150,8 @@ class BlockServeActor:
         """The output rows of rows that are not run: each one's error is its message."""
         for message in dict.fromkeys(messages):
             logger.error("%s", message)
-        outputs = [output_row(message, self.row_placement) for message in messages]
+        outputs = [output_row(message, self.row_placement, row.get("sampling_params"))
+                   for row, message in zip(rows, messages)]
         return await self._finish(rows, outputs, time.perf_counter())
 
     async def _finish(self, rows: list[dict[str, Any]], outputs: list[dict[str, Any]],
@@ -170,7 +172,8 @@ class BlockServeActor:
         pending = {index: self._submit(request) for index, request in enumerate(requests)
                    if not isinstance(request, str)}
         served = dict(zip(pending, await self._results(list(pending.values()))))
-        return [output_row(served.get(index, request), placement) for index, request in enumerate(requests)]
+        return [output_row(served.get(index, request), placement, row.get("sampling_params"))
+                for index, (row, request) in enumerate(zip(rows, requests))]
 
     def stats_snapshot(self) -> dict:
         """Everything the driver aggregates for this actor instance (plain JSON-able values)."""
