@@ -10,7 +10,6 @@ SCHEDULES = ("continuous", "block_sync", "static", "shrink")  # engine/schedulin
 CACHE_MODES = ("dual", "prefix", "none")
 SHIFTED_DECODINGS = ("fast-dllm", "lookback")
 DEFAULT_BLOCK_LENGTH = 32  # a full-attention family's block when the config names none (Fast-dLLM's)
-DEFAULT_THRESHOLD = 0.9  # the threshold rules' confidence when neither the config nor the checkpoint names one
 DEFAULT_MAX_MODEL_LEN = 4096  # widest row when max_model_len is unset: a model may advertise far more
 # (Dream: 131,072 positions, a KV cache of ~112 GiB at 16 slots); LLaDA's own limit is 4096
 
@@ -29,16 +28,43 @@ def _fail(field: str, message: str) -> None:
     raise ValueError(f"EngineConfig.{field}: {message}")
 
 
-def _from_dict(cls: type, values: Mapping[str, Any]):
-    """``cls(**values)``, refusing unknown keys by name."""
-    known = {field.name for field in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
+def _set_fields(config: Any, values: dict[str, Any], owner: str) -> None:
+    """Set ``config``'s fields from ``values`` (their defaults where not given), and gather every other key, a
+    setting a rule owns, into ``rule_settings``; a key that is neither is refused by name."""
+    from engine.rules import owned_settings  # loads the rule modules (and torch)
+
+    values = dict(values)
+    given = dict(values.pop("rule_settings", ()))
+    for field in dataclasses.fields(config):
+        if field.name != "rule_settings":
+            default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+            object.__setattr__(config, field.name, values.pop(field.name, default))
+    unknown = sorted(set(values) - set(owned_settings()))
     if unknown:
-        raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known fields: {sorted(known)}")
-    return cls(**values)
+        known = sorted({field.name for field in dataclasses.fields(config)} - {"rule_settings"} | set(owned_settings()))
+        raise ValueError(f"{owner}: unknown field(s) {unknown}; known fields: {known}")
+    object.__setattr__(config, "rule_settings", tuple(sorted((given | values).items())))
 
 
-@dataclass(frozen=True, slots=True)
+def _rule_setting(config: Any, name: str, engine_default: bool) -> Any:
+    """A rule setting read as an attribute: the value given, else the owning rule's default (a request's: None,
+    the engine's)."""
+    if name.startswith("__") or name == "rule_settings":
+        raise AttributeError(name)
+    from engine.rules import owned_settings
+
+    owner = owned_settings().get(name)
+    if owner is None:
+        raise AttributeError(f"{type(config).__name__} has no field or rule setting {name!r}")
+    return dict(config.rule_settings).get(name, owner[1].default if engine_default else None)
+
+
+def _flat_dict(config: Any) -> dict[str, Any]:
+    values = {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
+    return {name: value for name, value in values.items() if name != "rule_settings"} | dict(config.rule_settings)
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class EngineConfig:
     block_length: int | None = None  # None: the block a block-causal model was trained with, else 32
     # "continuous": rows advance block by block on their own, admission at every step (our default);
@@ -58,17 +84,12 @@ class EngineConfig:
     # "dream" (Dream's diffusion_generate) | "joint_threshold" (LLaDA2.1's token editing) | "entropy_bound"
     # (DiffusionGemma's canvas sampler, the only rule of a canvas model) | "autoregressive" and "linear_spec"
     # (Nemotron-Labs-Diffusion's causal token-by-token and self-speculative modes)
-    decoding: str = "threshold"
-    threshold: float | None = None  # None: the checkpoint's generation_config.json, else DEFAULT_THRESHOLD;
+    decoding: str | None = None  # None: the model's own rule (a canvas model's), else "threshold"
+    threshold: float | None = None  # None: the checkpoint's generation_config.json, else 0.9 (DEFAULT_THRESHOLD);
     # linear_spec: the draft's threshold, 0.0 allowed (every mask from one forward)
     factor: float = 1.0
     steps_per_block: int | None = None  # cap on steps per block; the fixed step count in quota/dream mode
     # (Dream's `steps`: Dream decodes its whole canvas as one block, block_length = max_new_tokens)
-    dream_alg: str = "maskgit_plus"  # decoding="dream": "maskgit_plus" | "topk_margin" | "entropy"
-    dream_eps: float = 1e-3  # decoding="dream": Dream's `eps`, the schedule's last timestep
-    editing_threshold: float | None = None  # joint_threshold: rewrite a generated token whose argmax differs
-    # with probability above this (0.0: every disagreement; None: editing off)
-    max_post_steps: int = 16  # joint_threshold: forwards of a block after its last mask, at most
     # families whose logits are shifted by one (Dream): "fast-dllm" decodes as Fast-dLLM's Dream block
     # decoding (a block's first step commits only its first position; cached windows start at the block);
     # "lookback": windows start one column before the block and every step applies the rule
@@ -98,6 +119,17 @@ class EngineConfig:
     # (engine.parallel); heads, MLPs, experts and the vocabulary are split across them
     tensor_parallel_size: int = 1
     tensor_parallel_timeout_s: float = 300.0  # a rank that waits this long on another ends the engine
+    # the settings one rule owns, given by their flat names (EngineConfig(dream_alg=...), a YAML's engine
+    # keys): each rule module declares its own (DecodingRule.own_settings) and validates them; read them as
+    # attributes, e.g. config.dream_alg (unset: the rule's default)
+    rule_settings: tuple[tuple[str, Any], ...] = ()
+
+    def __init__(self, **values: Any) -> None:
+        _set_fields(self, values, "EngineConfig")
+        self.__post_init__()
+
+    def __getattr__(self, name: str) -> Any:
+        return _rule_setting(self, name, engine_default=True)
 
     def __post_init__(self) -> None:
         if self.block_length is not None and (not isinstance(self.block_length, int) or self.block_length < 1):
@@ -144,17 +176,18 @@ class EngineConfig:
             _fail("causal_context", f"must be True or False, got {self.causal_context!r}")
         from engine.rules import DECODING_RULES, settings_problems  # loads the rule modules (and torch)
 
-        if self.decoding not in DECODING_RULES:
-            _fail("decoding", f"must be one of {DECODING_RULES}, got {self.decoding!r}")
+        if self.decoding is not None and self.decoding not in DECODING_RULES:
+            _fail("decoding", f"must be one of {DECODING_RULES} or None (the model's own), got {self.decoding!r}")
         for name, problem in settings_problems(self):
             _fail(name, problem)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
-        return _from_dict(cls, values)
+        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Its fields with the rule settings flat, as a YAML's engine section writes them."""
+        return _flat_dict(self)
 
     def resolved_token_budget(self, model_max_length: int) -> int:
         """The budget in force: the configured one, or ``max_batch_size`` widest admissible rows."""
@@ -167,7 +200,7 @@ class EngineConfig:
         return min(widest, self.token_budget) if self.token_budget else widest
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class SamplingParams:
     """Per-request settings. Problems are reported per request (see :meth:`validation_error`), so one
     bad request in a batch fails alone instead of raising for everyone."""
@@ -184,9 +217,15 @@ class SamplingParams:
     top_p: float = 1.0
     logit_bias: Mapping[int, float] | None = None  # token id -> added to its logit, every row's step
     logprobs: int | None = None  # N: each output token's log-probability and N alternatives (None: off)
-    # decoding="joint_threshold" only (its module validates them); None: the engine's
-    editing_threshold: float | None = None
-    max_post_steps: int | None = None
+    # the settings the engine's rule lets a request carry (RuleSetting.per_request), given by their flat names
+    # (SamplingParams(editing_threshold=0.5)) and validated by the rule; unset: the engine's
+    rule_settings: tuple[tuple[str, Any], ...] = ()
+
+    def __init__(self, **values: Any) -> None:
+        _set_fields(self, values, "SamplingParams")
+
+    def __getattr__(self, name: str) -> Any:
+        return _rule_setting(self, name, engine_default=False)
 
     @property
     def filters_tokens(self) -> bool:
@@ -225,7 +264,11 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
-        return _from_dict(cls, values)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its fields with the rule settings flat."""
+        return _flat_dict(self)
 
     @classmethod
     def from_openai(cls, values: Mapping[str, Any], defaults: SamplingParams | None = None,
@@ -234,7 +277,11 @@ class SamplingParams:
         ``ignore_eos``, ``top_k`` (vLLM's -1 is off: 0 here), ``logit_bias`` (token ids as ints or
         digit strings), and every field of ours by its own name. A key outside those, or in
         ``refused``, raises ValueError naming it. Values are not validated (see validation_error)."""
-        supported = sorted({*OPENAI_NAMES, *(field.name for field in dataclasses.fields(cls))} - set(refused))
+        from engine.rules import owned_settings
+
+        ours = {field.name for field in dataclasses.fields(cls)} - {"rule_settings"}
+        request_settings = {name for name, (_, setting) in owned_settings().items() if setting.per_request}
+        supported = sorted({*OPENAI_NAMES, *ours, *request_settings} - set(refused))
         given = {key: value for key, value in values.items() if value is not None}
         unknown = sorted(set(given) - set(supported))
         if unknown:

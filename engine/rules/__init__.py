@@ -8,11 +8,12 @@ module is loaded when a config that names it is validated or run.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.rules.base import DecodingRule
+    from engine.rules.base import DecodingRule, RuleSetting
 
 # EngineConfig.decoding -> "module:class" under engine.rules
 RULES = {
@@ -30,8 +31,8 @@ RULES = {
     "linear_spec": "linear_spec:LinearSpec",
 }
 DECODING_RULES = tuple(RULES)
-# SamplingParams fields that only one rule reads -> that rule; a request that sets one for another is refused
-REQUEST_SETTINGS = {"editing_threshold": "joint_threshold", "max_post_steps": "joint_threshold"}
+DEFAULT_THRESHOLD = 0.9  # the threshold rules' confidence when neither the config nor the checkpoint names one
+DEFAULT_DECODING = "threshold"  # what an unset EngineConfig.decoding decodes with on a model without a rule of its own
 
 
 def rule_class(name: str) -> type[DecodingRule]:
@@ -40,6 +41,16 @@ def rule_class(name: str) -> type[DecodingRule]:
         raise ValueError(f"decoding must be one of {DECODING_RULES}, got {name!r}")
     module, cls = RULES[name].split(":")
     return getattr(importlib.import_module(f"engine.rules.{module}"), cls)
+
+
+@functools.cache
+def owned_settings() -> dict[str, tuple[str, RuleSetting]]:
+    """Every setting one rule owns (``DecodingRule.own_settings``), by its flat name: (the rule, the setting)."""
+    owners: dict[str, tuple[str, RuleSetting]] = {}
+    for name in RULES:
+        for setting, declared in rule_class(name).own_settings.items():
+            owners.setdefault(setting, (name, declared))
+    return owners
 
 
 def make_rule(name: str, **settings: Any) -> DecodingRule:
@@ -54,6 +65,13 @@ def settings_problems(config: Any) -> list[tuple[str, str]]:
         module, cls = name.split(":")
         for field, problem in getattr(importlib.import_module(f"engine.rules.{module}"), cls).settings_problems(config):
             problems.setdefault(field, problem)
+    for setting, value in config.rule_settings:
+        owner, declared = owned_settings()[setting]
+        if config.decoding is not None and setting not in rule_class(config.decoding).own_settings:
+            problems.setdefault(setting, f"is a setting of decoding={owner!r}; this config decodes with "
+                                         f"{config.decoding!r}: leave it unset")
+        elif (problem := declared.problem(value)) is not None:
+            problems.setdefault(setting, problem)
     if config.decoding in RULES:
         for field, problem in rule_class(config.decoding).requirement_problems(config):
             problems.setdefault(field, problem)
@@ -61,5 +79,6 @@ def settings_problems(config: Any) -> list[tuple[str, str]]:
 
 
 def rule_for(config: Any, mask_id: int | None = None, logit_shift: int = 0) -> DecodingRule:
-    """The rule an engine config asks for, on a model with this mask id and logit shift."""
-    return rule_class(config.decoding).from_config(config, mask_id=mask_id, logit_shift=logit_shift)
+    """The rule an engine config asks for (unset: DEFAULT_DECODING), on a model with this mask id and shift."""
+    return rule_class(config.decoding or DEFAULT_DECODING).from_config(config, mask_id=mask_id,
+                                                                        logit_shift=logit_shift)

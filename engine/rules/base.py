@@ -13,22 +13,35 @@ The runner never compares tokens with the mask id: what is "done" is the rule's 
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from engine.config import DEFAULT_THRESHOLD
-from engine.rules import REQUEST_SETTINGS
+from engine.rules import DEFAULT_THRESHOLD
+
+
+@dataclass(frozen=True)
+class RuleSetting:
+    """A setting one rule owns, by the flat name users give it (EngineConfig, a job's YAML, engine_kwargs)."""
+
+    default: Any
+    valid: Callable[[Any], bool]
+    expected: str  # what a valid value is, for the message
+    per_request: bool = False  # a request may carry its own (SamplingParams; None there: the engine's)
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not a valid value, as a message that follows the setting's name (None: it is)."""
+        return None if self.valid(value) else f"must be {self.expected}, got {value!r}"
 
 
 class DecodingRule:
     """The settings side of every rule: names, validation, refusals."""
 
     name: ClassVar[str]  # its key in engine.rules.RULES (EngineConfig.decoding)
-    settings: ClassVar[tuple[str, ...]] = ()  # the EngineConfig keys it reads
-    request_settings: ClassVar[tuple[str, ...]] = ()  # the SamplingParams keys a request may set for it
+    settings: ClassVar[tuple[str, ...]] = ()  # the EngineConfig fields it reads, shared with other rules
+    own_settings: ClassVar[dict[str, RuleSetting]] = {}  # the settings it alone reads, declared here
     attentions: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")  # RowLayout.attention kinds
     # it runs on
 
@@ -44,7 +57,7 @@ class DecodingRule:
 
     @classmethod
     def from_config(cls, config: Any, *, mask_id: int | None = None, logit_shift: int = 0) -> DecodingRule:
-        settings = {name: getattr(config, name) for name in cls.settings}
+        settings = {name: getattr(config, name) for name in (*cls.settings, *cls.own_settings)}
         if "threshold" in settings and settings["threshold"] is None:  # a config not settled against a model
             settings["threshold"] = DEFAULT_THRESHOLD
         return cls(**settings, **cls._model_settings(mask_id=mask_id, logit_shift=logit_shift, config=config))
@@ -82,10 +95,18 @@ class DecodingRule:
 
     def request_problem(self, params: Any) -> str | None:
         """Why a request's settings cannot run under this rule, as a message that starts with the field."""
-        for name, owner in REQUEST_SETTINGS.items():
-            if getattr(params, name) is not None and name not in self.request_settings:
+        from engine.rules import owned_settings
+
+        for name, value in params.rule_settings:
+            declared = self.own_settings.get(name)
+            owner, owned = owned_settings()[name]
+            if not owned.per_request:
+                return f"{name} is an engine setting of decoding={owner!r}, not a request's: set it in EngineConfig"
+            if declared is None:
                 return (f"{name} is a setting of decoding={owner!r}; this engine decodes with {self.name!r}: "
                         "leave it unset")
+            if value is not None and (problem := declared.problem(value)) is not None:
+                return f"{name} {problem}"
         return None
 
 

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from engine.rules.base import RuleSetting
 from engine.rules.unmasking import UnmaskingRule, rank_by_confidence
 
 DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy")  # Dream's diffusion_generate algs, less "origin"
@@ -42,28 +43,27 @@ def dream_transfer_count(num_masked: torch.Tensor, step: torch.Tensor, steps: in
     return torch.where(step + 1 >= steps, num_masked, count)
 
 
+DREAM_SETTINGS = {
+    "dream_alg": RuleSetting("maskgit_plus", lambda value: dream_alg_problem(value) is None,
+                             f"one of {DREAM_ALGS} (Dream's random 'origin' transfer is not offered)"),
+    "dream_eps": RuleSetting(1e-3, lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
+                             and 0.0 < value < 1.0, "in (0, 1)"),  # the schedule's last timestep
+}
+
+
 @dataclass(frozen=True)
 class Dream(UnmaskingRule):
     dream_alg: str = "maskgit_plus"
     dream_eps: float = 1e-3  # the schedule's last timestep
     name: ClassVar[str] = "dream"
-    settings: ClassVar[tuple[str, ...]] = ("steps_per_block", "dream_alg", "dream_eps")
+    settings: ClassVar[tuple[str, ...]] = ("steps_per_block",)
+    own_settings: ClassVar[dict[str, RuleSetting]] = DREAM_SETTINGS
 
     def __post_init__(self) -> None:
         if (problem := dream_alg_problem(self.dream_alg)) is not None:
             raise ValueError(f"dream_alg {problem}")
         if self.steps_per_block is None:
             raise ValueError("decoding 'dream' needs steps_per_block (Dream's steps)")
-
-    @classmethod
-    def settings_problems(cls, config: Any) -> list[tuple[str, str]]:
-        problems = []
-        if (problem := dream_alg_problem(config.dream_alg)) is not None:
-            problems.append(("dream_alg", problem))
-        eps = config.dream_eps
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
-            problems.append(("dream_eps", f"must be in (0, 1), got {eps!r}"))
-        return problems + super().settings_problems(config)
 
     @classmethod
     def requirement_problems(cls, config: Any) -> list[tuple[str, str]]:

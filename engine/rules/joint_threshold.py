@@ -25,23 +25,25 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.rules.base import BlockRule, BlockUpdate, BlockView, RowState, RowStep
+from engine.rules.base import BlockRule, BlockUpdate, BlockView, RowState, RowStep, RuleSetting
 from engine.rules.unmasking import unit_threshold_problems, with_most_confident
 from engine.runner.batch import to_device
 
 DEFAULT_MAX_POST_STEPS = 16  # LLaDA2.1's remote code and diffusers' default
 
 
-def editing_threshold_problem(value: object) -> str | None:
-    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0):
-        return None
-    return f"must be a probability in [0, 1] (0.0: edit every disagreement) or None (off), got {value!r}"
-
-
-def max_post_steps_problem(value: object) -> str | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return None
-    return f"must be an int >= 0, got {value!r}"
+EDITING_SETTINGS = {
+    # rewrite a generated token whose argmax differs with probability above this (0.0: every disagreement;
+    # None: editing off)
+    "editing_threshold": RuleSetting(
+        None, lambda value: value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                              and 0.0 <= value <= 1.0),
+        "a probability in [0, 1] (0.0: edit every disagreement) or None (off)", per_request=True),
+    # forwards of a block after its last mask, at most
+    "max_post_steps": RuleSetting(DEFAULT_MAX_POST_STEPS,
+                                  lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                                  "an int >= 0", per_request=True),
+}
 
 
 @dataclass
@@ -66,19 +68,14 @@ class JointThreshold(BlockRule):
     max_post_steps: int = DEFAULT_MAX_POST_STEPS
     mask_id: int | None = None
     name: ClassVar[str] = "joint_threshold"
-    settings: ClassVar[tuple[str, ...]] = ("threshold", "editing_threshold", "max_post_steps")
-    request_settings: ClassVar[tuple[str, ...]] = ("editing_threshold", "max_post_steps")
+    settings: ClassVar[tuple[str, ...]] = ("threshold",)
+    own_settings: ClassVar[dict[str, RuleSetting]] = EDITING_SETTINGS
     attentions: ClassVar[tuple[str, ...]] = ("block_causal",)
     reads_unmasked: ClassVar[bool] = True
 
     @classmethod
     def settings_problems(cls, config: Any) -> list[tuple[str, str]]:
-        problems = unit_threshold_problems(config)
-        if (problem := editing_threshold_problem(config.editing_threshold)) is not None:
-            problems.append(("editing_threshold", problem))
-        if (problem := max_post_steps_problem(config.max_post_steps)) is not None:
-            problems.append(("max_post_steps", problem))
-        return problems
+        return unit_threshold_problems(config)
 
     @classmethod
     def refusal(cls, layout: Any) -> str | None:
@@ -87,13 +84,6 @@ class JointThreshold(BlockRule):
                     f"current block and freezes finished ones, which needs block-causal attention; {layout.family} "
                     f"attends {layout.attention}" + cls._alternatives(layout))
         return super().refusal(layout)
-
-    def request_problem(self, params: Any) -> str | None:
-        if (problem := editing_threshold_problem(params.editing_threshold)) is not None:
-            return f"editing_threshold {problem}"
-        if params.max_post_steps is not None and (problem := max_post_steps_problem(params.max_post_steps)):
-            return f"max_post_steps {problem}"
-        return None
 
     def logit_offsets(self, block: Sequence[int], lead: int) -> list[int]:
         """Every offset past the lead: masks to commit and generated tokens to edit."""

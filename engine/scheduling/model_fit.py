@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import weakref
 
-from engine.config import DEFAULT_THRESHOLD, EngineConfig
+from engine.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 _WARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> blocks already warned of
@@ -23,11 +23,10 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
     config names none, and a rule takes its unset settings from the checkpoint (``DecodingRule.settle``). A
     model told another block than it was trained with runs it, with one warning per loaded model and block
     (``RowLayout.untrained_block_warning``)."""
-    from engine.rules import rule_class  # the rules load torch; the scheduler's modules never import them
+    from engine.rules import DEFAULT_DECODING, DEFAULT_THRESHOLD, rule_class  # they load torch: imported here
 
-    unset = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "decoding")
-    if lm.layout.own_rule and config.decoding == unset:  # unset: the model's own rule
-        config = dataclasses.replace(config, decoding=lm.layout.own_rule)
+    if config.decoding is None:  # unset: the model's own rule, else the default; its settings are checked now
+        config = dataclasses.replace(config, decoding=lm.layout.own_rule or DEFAULT_DECODING)
     rule = rule_class(config.decoding)
     refusal = lm.layout.refusal(config) or rule.refusal(lm.layout)
     if refusal is not None:
