@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from actors.serving.openai.protocol import OpenAIError
+from actors.serving.openai.protocol import EXTENSIONS, OpenAIError
 
 # fields whose meaning BlockServe implements (README: "OpenAI request fields")
 HONOURED_COMMON = ("model", "max_tokens", "temperature", "seed", "stop", "stream", "stream_options",
-                   "ignore_eos", "top_p", "top_k", "logit_bias", "editing_threshold", "max_post_steps")
+                   "ignore_eos", "top_p", "top_k", "logit_bias", *EXTENSIONS)
 HONOURED_COMPLETION = HONOURED_COMMON + ("prompt", "logprobs")
 HONOURED_CHAT = HONOURED_COMMON + ("messages", "max_completion_tokens", "logprobs", "top_logprobs")
 # labels for the caller's own bookkeeping: accepted, and they cannot change an answer

@@ -25,14 +25,11 @@ from transformers import PreTrainedTokenizerBase
 from actors.engine_loop import EngineDeadError, EngineLoop, QueueFullError, RequestStream
 from actors.serving.openai.fields import REFUSED_CHAT, REFUSED_COMPLETION, check_refused
 from actors.serving.openai.logprobs import chat_logprobs, completion_logprobs, within_text
-from actors.serving.openai.protocol import (
-    MAX_STOP_STRINGS,
+from actors.serving.openai.protocol import MAX_STOP_STRINGS, ChatCompletionRequest, CompletionRequest, OpenAIError
+from actors.serving.openai.responses import (
     BlockServeInfo,
-    ChatCompletionRequest,
-    CompletionRequest,
     FinishReason,
     ModelList,
-    OpenAIError,
     chat_chunk,
     chat_completion,
     completion,
@@ -168,8 +165,7 @@ class OpenAIServer:
         params = SamplingParams.from_openai({
             "max_tokens": max_tokens, "temperature": body.temperature, "seed": body.seed,
             "ignore_eos": body.ignore_eos, "top_k": body.top_k, "top_p": body.top_p,
-            "logit_bias": body.token_bias(), "logprobs": logprobs, "editing_threshold": body.editing_threshold,
-            "max_post_steps": body.max_post_steps})
+            "logit_bias": body.token_bias(), "logprobs": logprobs, **body.extensions()})
         names = {"prompt": prompt_param, "max_new_tokens": param, "stop_at_eos": "ignore_eos",
                  "logprobs": "top_logprobs" if chat else "logprobs", "params": None}  # ours -> the body's
         try:  # the engine's own admission check, tokenizing in a worker thread
