@@ -47,17 +47,17 @@ def test_completion_and_chat_equal_engine_generate(client, expect):
 
 def test_stream_sends_one_chunk_per_committed_block_then_done(server, client, expect):
     body = {"model": MODEL, "prompt": "count from 5 to 40", "max_tokens": 96, "stream": True,
-            "ignore_eos": True}  # exactly 3 blocks of 32
+            "ignore_eos": True}  # the model's own length, 64 tokens: 8 blocks of 8, then the cap
     with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=TIMEOUT_S) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = sse_events(response)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(event) for event in events[:-1]]
-    assert len(chunks) == 3
-    assert [chunk["choices"][0]["finish_reason"] for chunk in chunks] == [None, None, "length"]
-    assert chunks[-1]["blockserve"]["num_blocks"] == 3
     expected = expect("count from 5 to 40", 96, stop_at_eos=False)
+    assert len(chunks) == expected.num_blocks == 8
+    assert [chunk["choices"][0]["finish_reason"] for chunk in chunks] == [None] * 7 + ["length"]
+    assert chunks[-1]["blockserve"]["num_blocks"] == 8
     assert "".join(chunk["choices"][0]["text"] for chunk in chunks) == expected.text
 
     stream = client.chat.completions.create(model=MODEL, messages=chat("count from 7 to 30"),
@@ -221,7 +221,7 @@ def test_with_an_api_key_v1_routes_need_the_bearer_key_and_health_stays_open(ser
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user"}]}, "messages.0.content"),
     ("/v1/chat/completions", {"model": MODEL, "messages": chat("x" * 600)}, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": chat("count from 1 to 200 " * 12),
-                              "max_tokens": 480}, "max_tokens"),  # allowed alone, too long with this prompt
+                              "gen_length": 480}, "gen_length"),  # allowed alone, too long with this prompt
     ("/v1/completions", None, None),  # not JSON at all
 ])
 def test_bad_requests_get_400_naming_the_field(server, path, body, param):
