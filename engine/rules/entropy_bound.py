@@ -1,7 +1,8 @@
 """``entropy_bound``: DiffusionGemma's canvas sampler, one denoising step of many canvases.
 
 Per row, as transformers' ``DiffusionGemmaGenerationMixin`` does at batch 1 (``generation_diffusion_gemma``):
-the logits are divided by a temperature falling linearly from ``t_max`` to ``t_min`` over
+the logits, with the request's logit bias (where the reference applies a caller's ``logits_processor``),
+are divided by a temperature falling linearly from ``t_max`` to ``t_min`` over
 ``max_denoising_steps``; a candidate canvas is sampled from them; the lowest-entropy positions whose
 entropies sum, less their largest, to at most ``entropy_bound`` take the candidate's tokens and the
 others are renoised with uniform random tokens; the row stops early once its argmax canvas has not
@@ -83,14 +84,20 @@ class EntropyBound(DecodingRule):
         return None
 
     def request_problem(self, params: Any) -> str | None:
-        """Its sampler has its own temperature schedule (t_min, t_max) and no per-token filters or
-        log-probabilities."""
-        refused = {"temperature": params.temperature != 0.0, "top_k": params.top_k != 0, "top_p": params.top_p != 1.0,
-                   "logit_bias": bool(params.logit_bias), "logprobs": params.logprobs is not None}
-        for name, set_ in refused.items():
+        """What transformers' ``generate`` does not define for this sampler: a request temperature (the
+        sampler follows its own schedule) and top-k / top-p (its generation config has no such fields); and
+        log-probabilities, not yet offered. A request's ``logit_bias`` is (``engine.runner.canvas_runner``)."""
+        if params.temperature != 0.0:
+            return ("temperature is not offered for diffusion_gemma: its canvas sampler follows its own "
+                    "temperature schedule, from t_max at a canvas's first denoising step to t_min at its last; "
+                    "set EngineConfig t_min and t_max instead and leave temperature unset")
+        for name, set_ in (("top_k", params.top_k != 0), ("top_p", params.top_p != 1.0)):
             if set_:
-                return (f"{name} is not offered for diffusion_gemma: its canvas sampler draws with its own "
-                        "temperature schedule (EngineConfig t_min, t_max) and seed; leave it unset")
+                return (f"{name} is not offered for diffusion_gemma: transformers' DiffusionGemma generate "
+                        "defines none, and its canvas sampler draws from the whole vocabulary; leave it unset "
+                        "(logit_bias -100 keeps a token out)")
+        if params.logprobs is not None:
+            return "logprobs is not offered for diffusion_gemma yet: leave it unset"
         return super().request_problem(params)
 
 
@@ -128,9 +135,9 @@ def entropies(logits: torch.Tensor) -> torch.Tensor:
 
 def denoise(rule: EntropyBound, logits: torch.Tensor, canvas: torch.Tensor, history: torch.Tensor,
             steps_left: torch.Tensor, generators: list[torch.Generator]) -> CanvasStepResult:
-    """One step of every row: ``logits [rows, canvas, vocab]`` float32 of the canvases ``canvas``, divided
-    by the temperature in place (they become the result's ``processed_logits``). At most three float32
-    copies of the logits exist at once: ``VOCAB_COPIES``."""
+    """One step of every row: ``logits [rows, canvas, vocab]`` float32 of the canvases ``canvas`` (with
+    any logit bias), divided by the temperature in place (they become the result's ``processed_logits``).
+    At most three float32 copies of the logits exist at once: ``VOCAB_COPIES``."""
     processed = logits.div_(temperatures(rule, steps_left)[:, None, None])
     probabilities = torch.softmax(processed, dim=-1, dtype=torch.float32)
     candidates = torch.cat([torch.multinomial(row, num_samples=1, generator=generator).view(1, -1)

@@ -8,6 +8,9 @@ the scheduler then lets the row leave or start its next canvas at the next step,
 The model returns the canvases' hidden states; the head, the sampler and the self-conditioning then run
 over chunks of ``rows_per_chunk`` rows, so a step's vocabulary-sized temporaries are one chunk's,
 whatever its batch. Each row draws from its own generator, so cutting a batch into chunks changes no draw.
+A request's logit bias is added to its logits before the sampler reads them, where transformers' generate
+applies a caller's ``logits_processor``: the draw, the entropies, the stop and the self-conditioning all see
+it.
 With prefix caching a joining row's prompt starts from its cached pages (``canvas_prefix_cache``).
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, StorePart
 from engine.models.loader import DiffusionLM
 from engine.rules.entropy_bound import EntropyBound, denoise, empty_history, initial_canvas
 from engine.runner.canvas_prefix_cache import CanvasPrefixCache, pool_pages
+from engine.runner.logit_processors import apply_logit_bias, dense_bias
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, first_stop
 from engine.scheduling.trace import ForwardRecord
@@ -50,6 +54,7 @@ class CanvasRow:
     context: int = 0  # positions stored in its cache slot
     steps_left: int = 0  # denoising steps its canvas may still take, this one included
     conditioned: bool = False  # its canvas has self-conditioning from a previous step
+    bias: torch.Tensor | None = None  # [vocab] float32: its request's logit_bias
 
 
 class CanvasRunner:
@@ -74,8 +79,10 @@ class CanvasRunner:
             generator = torch.Generator(device=self.lm.device).manual_seed(request.seed)
             slot = self.free_slots.pop(0)
             cached = self.prefix_cache.reuse(request, slot) if self.prefix_cache is not None else 0
+            bias = (dense_bias([request.params.logit_bias], self.lm.vocab_size, torch.float32, self.lm.device)[0]
+                    if request.params.logit_bias else None)
             self.rows[request.request_id] = CanvasRow(slot, generator, pending=list(request.prompt_token_ids[cached:]),
-                                                      context=cached)
+                                                      context=cached, bias=bias)
         if self.prefix_cache is not None and scheduled.admitted:
             for request, pages in zip(scheduled.admitted, self.prefix_cache.claim(scheduled.admitted)):
                 self.rows[request.request_id].pages = pages
@@ -148,9 +155,19 @@ class CanvasRunner:
         each row's argmax canvas and whether its canvas completes. Its vocabulary-sized temporaries end here."""
         slots = torch.tensor([row.slot for row in rows], device=hidden.device)
         steps_left = torch.tensor([row.steps_left for row in rows], device=hidden.device)
-        result = denoise(self.rule, self.model.logits(hidden), self.canvas[slots], self.history[slots], steps_left,
+        logits = self._biased(rows, self.model.logits(hidden))
+        result = denoise(self.rule, logits, self.canvas[slots], self.history[slots], steps_left,
                          [row.generator for row in rows])
         self.canvas[slots], self.history[slots] = result.canvas, result.history
         self.soft[slots] = self.model.soft_embeddings(result.processed_logits)
         complete = result.stopped | (steps_left <= 1)
         return torch.cat([result.argmax, complete[:, None]], dim=1)
+
+    @staticmethod
+    def _biased(rows: list[CanvasRow], logits: torch.Tensor) -> torch.Tensor:
+        """The logits with each row's logit bias added (a new tensor when any row has one)."""
+        biased = [index for index, row in enumerate(rows) if row.bias is not None]
+        if not biased:
+            return logits
+        return apply_logit_bias(logits, torch.tensor(biased, device=logits.device),
+                                torch.stack([rows[index].bias for index in biased]))
