@@ -1,7 +1,8 @@
 """DiffusionGemma's per-request sampling settings, against transformers' seeded ``generate`` on the tiny
 fixture (float32): a request's ``logit_bias`` gives the tokens of ``generate`` given a logits processor that
-adds the same bias, and what ``generate`` does not define for the canvas sampler (``temperature``,
-``top_k``, ``top_p``) is refused by name."""
+adds the same bias; its ``logprobs`` are each committed token's log-probability under the biased logits of
+the step that committed its canvas, with no temperature; and what ``generate`` does not define for the
+canvas sampler (``temperature``, ``top_k``, ``top_p``) is refused by name."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +12,7 @@ from transformers import DiffusionGemmaForBlockDiffusion, LogitsProcessor, Logit
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models.loader import load_model
 from engine.scheduling.request import TokenLogprob
+from tests.test_block_causal_engine import assert_logprobs_close
 from tests.test_diffusion_gemma import ADAPTIVE, FIXTURE, PROMPTS, reference_tokens
 
 STEPS = {"max_denoising_steps": 12}
@@ -79,6 +81,31 @@ def test_a_seeded_request_with_logit_bias_equals_transformers_generate_with_that
         assert not {token for token, value in bias.items() if value == -100} & set(output.token_ids)
     changed = [output.token_ids != plain.token_ids for output, plain, bias in zip(batched, unbiased, BIASES) if bias]
     assert all(changed)  # every bias moved its answer: the test compares something
+
+
+@pytest.mark.parametrize("settings", [STEPS, {**STEPS, **ADAPTIVE}])
+def test_logprobs_are_each_committed_tokens_under_the_biased_logits_of_its_committing_step(lm, reference,
+                                                                                           settings):
+    """The reference is transformers' model logits at the step that committed each canvas, with the bias
+    and without the temperature schedule, recorded by the logits processor. Tokens and alternatives are
+    the same; values equal up to float32 rounding (the two implementations' logits, or the head's matmul
+    over a batch of rows and over one)."""
+    asks = (3, None, 0, 5, 20, 1, None, 2)  # None: no log-probabilities
+    params = [SamplingParams(max_new_tokens=MAX_NEW_TOKENS, seed=seed, logit_bias=bias or None, logprobs=num_top)
+              for seed, (bias, num_top) in enumerate(zip(BIASES, asks))]
+    batched = BlockServeEngine(lm, EngineConfig(max_batch_size=8, **settings)).generate(list(PROMPTS), params)
+    alone = BlockServeEngine(lm, EngineConfig(max_batch_size=1, **settings))
+    for seed, (prompt, bias, num_top, output) in enumerate(zip(PROMPTS, BIASES, asks, batched)):
+        assert_logprobs_close(output.logprobs, alone.generate([prompt], params[seed])[0].logprobs)
+        if num_top is None:
+            assert output.logprobs is None
+            continue
+        tokens, expected = biased_reference(reference, lm, prompt, seed, bias, settings, num_top)
+        assert output.token_ids == tokens and [lp.token_id for lp in output.logprobs] == tokens
+        assert_logprobs_close(output.logprobs, expected)
+        assert all(len(lp.top) == num_top for lp in output.logprobs)
+        if num_top:  # a canvas commits its argmax: each token is its step's most likely one
+            assert all(lp.top[0][0] == lp.token_id for lp in output.logprobs)
 
 
 @pytest.mark.parametrize("field, value, why", [

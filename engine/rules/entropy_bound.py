@@ -85,8 +85,8 @@ class EntropyBound(DecodingRule):
 
     def request_problem(self, params: Any) -> str | None:
         """What transformers' ``generate`` does not define for this sampler: a request temperature (the
-        sampler follows its own schedule) and top-k / top-p (its generation config has no such fields); and
-        log-probabilities, not yet offered. A request's ``logit_bias`` is (``engine.runner.canvas_runner``)."""
+        sampler follows its own schedule) and top-k / top-p (its generation config has no such fields). A
+        request's ``logit_bias`` and ``logprobs`` are offered (``engine.runner.canvas_runner``)."""
         if params.temperature != 0.0:
             return ("temperature is not offered for diffusion_gemma: its canvas sampler follows its own "
                     "temperature schedule, from t_max at a canvas's first denoising step to t_min at its last; "
@@ -96,8 +96,6 @@ class EntropyBound(DecodingRule):
                 return (f"{name} is not offered for diffusion_gemma: transformers' DiffusionGemma generate "
                         "defines none, and its canvas sampler draws from the whole vocabulary; leave it unset "
                         "(logit_bias -100 keeps a token out)")
-        if params.logprobs is not None:
-            return "logprobs is not offered for diffusion_gemma yet: leave it unset"
         return super().request_problem(params)
 
 
@@ -133,12 +131,18 @@ def entropies(logits: torch.Tensor) -> torch.Tensor:
     return -p_log_p.sum(-1)
 
 
+def scale(rule: EntropyBound, logits: torch.Tensor, steps_left: torch.Tensor) -> torch.Tensor:
+    """``logits [rows, canvas, vocab]`` divided in place by each row's temperature: what the sampler reads,
+    and whose argmax a canvas commits."""
+    return logits.div_(temperatures(rule, steps_left)[:, None, None])
+
+
 def denoise(rule: EntropyBound, logits: torch.Tensor, canvas: torch.Tensor, history: torch.Tensor,
             steps_left: torch.Tensor, generators: list[torch.Generator]) -> CanvasStepResult:
     """One step of every row: ``logits [rows, canvas, vocab]`` float32 of the canvases ``canvas`` (with
     any logit bias), divided by the temperature in place (they become the result's ``processed_logits``).
     At most three float32 copies of the logits exist at once: ``VOCAB_COPIES``."""
-    processed = logits.div_(temperatures(rule, steps_left)[:, None, None])
+    processed = scale(rule, logits, steps_left)
     probabilities = torch.softmax(processed, dim=-1, dtype=torch.float32)
     candidates = torch.cat([torch.multinomial(row, num_samples=1, generator=generator).view(1, -1)
                             for row, generator in zip(probabilities, generators)])

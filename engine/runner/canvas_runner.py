@@ -10,7 +10,8 @@ over chunks of ``rows_per_chunk`` rows, so a step's vocabulary-sized temporaries
 whatever its batch. Each row draws from its own generator, so cutting a batch into chunks changes no draw.
 A request's logit bias is added to its logits before the sampler reads them, where transformers' generate
 applies a caller's ``logits_processor``: the draw, the entropies, the stop and the self-conditioning all see
-it.
+it. A request that asks for log-probabilities gets, per committed token, its log-probability under the
+biased logits of the step that committed the canvas, without the temperature (``token_logprobs``).
 With prefix caching a joining row's prompt starts from its cached pages (``canvas_prefix_cache``).
 """
 from __future__ import annotations
@@ -24,11 +25,11 @@ from engine.config import EngineConfig
 from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, StorePart
 from engine.models.loader import DiffusionLM
-from engine.rules.entropy_bound import EntropyBound, denoise, empty_history, initial_canvas
+from engine.rules.entropy_bound import EntropyBound, denoise, empty_history, initial_canvas, scale
 from engine.runner.canvas_prefix_cache import CanvasPrefixCache, pool_pages
-from engine.runner.logit_processors import apply_logit_bias, dense_bias
+from engine.runner.logit_processors import apply_logit_bias, dense_bias, token_logprobs
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
-from engine.scheduling.request import Request, first_stop
+from engine.scheduling.request import Request, TokenLogprob, first_stop
 from engine.scheduling.trace import ForwardRecord
 
 # A chunk's float32 logits [rows, canvas, vocab] hold at most this many elements (512 MiB), at least one
@@ -55,6 +56,19 @@ class CanvasRow:
     steps_left: int = 0  # denoising steps its canvas may still take, this one included
     conditioned: bool = False  # its canvas has self-conditioning from a previous step
     bias: torch.Tensor | None = None  # [vocab] float32: its request's logit_bias
+    logprobs: int | None = None  # alternatives per token its request asks for (None: no log-probabilities)
+
+
+@dataclass
+class CanvasLogprobs:
+    """A chunk's asking rows at this step: their argmax canvases, what each commits if it completes now,
+    and those tokens' log-probabilities."""
+
+    rows: list[int]  # the asking rows, as indices into the step's rows
+    tokens: torch.Tensor  # [asking, canvas] the argmax canvas
+    chosen: torch.Tensor  # [asking, canvas] its tokens' log-probabilities
+    top_values: torch.Tensor  # [asking, canvas, num_top] the most likely tokens' log-probabilities
+    top_ids: torch.Tensor  # [asking, canvas, num_top] and their ids
 
 
 class CanvasRunner:
@@ -82,7 +96,7 @@ class CanvasRunner:
             bias = (dense_bias([request.params.logit_bias], self.lm.vocab_size, torch.float32, self.lm.device)[0]
                     if request.params.logit_bias else None)
             self.rows[request.request_id] = CanvasRow(slot, generator, pending=list(request.prompt_token_ids[cached:]),
-                                                      context=cached, bias=bias)
+                                                      context=cached, bias=bias, logprobs=request.params.logprobs)
         if self.prefix_cache is not None and scheduled.admitted:
             for request, pages in zip(scheduled.admitted, self.prefix_cache.claim(scheduled.admitted)):
                 self.rows[request.request_id].pages = pages
@@ -136,32 +150,39 @@ class CanvasRunner:
 
     def _decode(self, rows: list[CanvasRow], requests: list[Request], hidden: torch.Tensor) -> dict[str, RowResult]:
         size = self.rows_per_chunk
-        chunks = [self._denoise_chunk(rows[start:start + size], hidden[start:start + size])
+        num_top = max((row.logprobs for row in rows if row.logprobs is not None), default=None)
+        chunks = [self._denoise_chunk(rows[start:start + size], hidden[start:start + size], start, num_top)
                   for start in range(0, len(rows), size)]
-        host = torch.cat(chunks).tolist()  # the one host sync
+        host = torch.cat([tokens for tokens, _ in chunks]).tolist()  # the one host sync
+        logprobs = self._committed_logprobs(rows, [part for _, part in chunks if part is not None], host)
         results = {}
-        for row, request, values in zip(rows, requests, host):
+        for index, (row, request, values) in enumerate(zip(rows, requests, host)):
             row.steps_left, row.conditioned = row.steps_left - 1, True
             if not values[-1]:
                 results[request.request_id] = RowResult(False, None, None)
                 continue
             tokens = values[:-1]
             row.pending = tokens  # stored when its next canvas starts
-            results[request.request_id] = RowResult(True, first_stop(tokens, self.lm.special_ids.stop_ids), tokens)
+            results[request.request_id] = RowResult(True, first_stop(tokens, self.lm.special_ids.stop_ids), tokens,
+                                                    logprobs.get(index))
         return results
 
-    def _denoise_chunk(self, rows: list[CanvasRow], hidden: torch.Tensor) -> torch.Tensor:
+    def _denoise_chunk(self, rows: list[CanvasRow], hidden: torch.Tensor, first: int, num_top: int | None
+                       ) -> tuple[torch.Tensor, CanvasLogprobs | None]:
         """One chunk's head, sampler and self-conditioning, written to its rows' slots: ``[rows, canvas + 1]``,
-        each row's argmax canvas and whether its canvas completes. Its vocabulary-sized temporaries end here."""
+        each row's argmax canvas and whether its canvas completes, and the asking rows' log-probabilities
+        (``first``: the chunk's first row in the step). Its vocabulary-sized temporaries end here."""
         slots = torch.tensor([row.slot for row in rows], device=hidden.device)
         steps_left = torch.tensor([row.steps_left for row in rows], device=hidden.device)
         logits = self._biased(rows, self.model.logits(hidden))
+        asking = [index for index, row in enumerate(rows) if row.logprobs is not None]
+        logprobs = self._canvas_logprobs(logits, steps_left, asking, first, num_top) if asking else None
         result = denoise(self.rule, logits, self.canvas[slots], self.history[slots], steps_left,
                          [row.generator for row in rows])
         self.canvas[slots], self.history[slots] = result.canvas, result.history
         self.soft[slots] = self.model.soft_embeddings(result.processed_logits)
         complete = result.stopped | (steps_left <= 1)
-        return torch.cat([result.argmax, complete[:, None]], dim=1)
+        return torch.cat([result.argmax, complete[:, None]], dim=1), logprobs
 
     @staticmethod
     def _biased(rows: list[CanvasRow], logits: torch.Tensor) -> torch.Tensor:
@@ -171,3 +192,32 @@ class CanvasRunner:
             return logits
         return apply_logit_bias(logits, torch.tensor(biased, device=logits.device),
                                 torch.stack([rows[index].bias for index in biased]))
+
+    def _canvas_logprobs(self, logits: torch.Tensor, steps_left: torch.Tensor, asking: list[int], first: int,
+                         num_top: int) -> CanvasLogprobs:
+        """The asking rows' argmax canvases, as the sampler will take them (``scale``, then argmax), with their
+        tokens' log-probabilities under the biased logits, before the sampler scales those in place. At most
+        three copies of the logits at once: ``VOCAB_COPIES``."""
+        index = torch.tensor(asking, device=logits.device)
+        picked = logits if len(asking) == logits.shape[0] else logits[index]
+        tokens = scale(self.rule, picked.clone(), steps_left[index]).argmax(dim=-1)
+        chosen, top_values, top_ids = token_logprobs(picked, None, tokens, num_top)
+        return CanvasLogprobs([first + index for index in asking], tokens, chosen, top_values, top_ids)
+
+    def _committed_logprobs(self, rows: list[CanvasRow], parts: list[CanvasLogprobs], host: list[list[int]]
+                            ) -> dict[int, list[TokenLogprob]]:
+        """Each asking row whose canvas completed (by index into the step's rows): its committed tokens'
+        log-probabilities and alternatives, copied to the host only at a step where such a canvas completes."""
+        asking = [index for part in parts for index in part.rows]
+        completed = [position for position, index in enumerate(asking) if host[index][-1]]
+        if not completed:
+            return {}
+        at = torch.tensor(completed, device=self.lm.device)
+        tokens, chosen, values, ids = (torch.cat([getattr(part, name) for part in parts])[at].tolist()
+                                       for name in ("tokens", "chosen", "top_values", "top_ids"))
+        out = {}
+        for position, *committed in zip(completed, tokens, chosen, values, ids):
+            wanted = rows[asking[position]].logprobs
+            out[asking[position]] = [TokenLogprob(token, logprob, tuple(zip(top_ids[:wanted], top_values[:wanted])))
+                                     for token, logprob, top_values, top_ids in zip(*committed)]
+        return out

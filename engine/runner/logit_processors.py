@@ -75,10 +75,11 @@ def filter_top_k_top_p(scaled: torch.Tensor, filters: TokenFilters) -> torch.Ten
 MAX_TOP_LOGPROBS = 20  # OpenAI's own limit
 
 
-def token_logprobs(logits: torch.Tensor, mask_id: int, tokens: torch.Tensor, num_top: int,
+def token_logprobs(logits: torch.Tensor, mask_id: int | None, tokens: torch.Tensor, num_top: int,
                    bias: torch.Tensor | None = None):
     """Log-probabilities under the model's distribution over every token but MASK (never a candidate),
-    with the row's logit bias and without temperature, top-k or top-p.
+    with the row's logit bias and without temperature, top-k or top-p. ``mask_id`` None: over every token
+    (DiffusionGemma's canvas starts from random tokens and may sample any).
 
     logits [r, block, vocab] (not modified); tokens [r, block]; bias [r, vocab] or None.
     Returns (of ``tokens`` [r, block], the ``num_top`` largest [r, block, num_top], their ids).
@@ -86,7 +87,8 @@ def token_logprobs(logits: torch.Tensor, mask_id: int, tokens: torch.Tensor, num
     scores = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
     if bias is not None:
         scores = scores + bias.to(scores.dtype)[:, None, :]
-    scores = scores.index_fill(-1, torch.tensor([mask_id], device=scores.device), float("-inf"))
+    if mask_id is not None:
+        scores = scores.index_fill(-1, torch.tensor([mask_id], device=scores.device), float("-inf"))
     logprobs = torch.log_softmax(scores, dim=-1)
     chosen = logprobs.gather(-1, tokens[..., None]).squeeze(-1)
     top = logprobs.topk(num_top, dim=-1) if num_top else None
