@@ -25,25 +25,21 @@ import os
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import ray
 
 from actors.ray_data.cluster_fit import JOB_SETTINGS, ActorPool, ClusterFitError, check_fit
-from pipeline import data, stats as job_stats, storage
+from pipeline import data, output_report, stats as job_stats, stats_plot, storage
 from pipeline.config import ConfigError, PipelineConfig, load_config
 from pipeline.failures import JobFailedError
+from pipeline.output_report import ERROR_COLUMN
+from pipeline.ray_connect import connect_ray
 from pipeline.stderr_filter import benign_ray_lines_dropped
 
 logger = logging.getLogger("pipeline")
-REPO_ROOT = Path(__file__).resolve().parents[1]
 LIGHT_TASK_CPUS = 0.25  # row reshaping and writes: a full CPU each would starve the actors on small nodes
-ERROR_COLUMN = "__inference_error__"
 SUBMITTED_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by `ray job submit` for its entrypoint
-RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
-TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -54,27 +50,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config key, e.g. --set limit=32 --set engine.block_length=16")
     return parser.parse_args(argv)
-
-
-def without_token_auth_notice(record: logging.LogRecord) -> bool:
-    """False for Ray 2.60's warning that a new local instance has token authentication, logged at every start
-    while RAY_AUTH_MODE is unset. The job keeps that secure default, so the warning asks nothing of the user."""
-    return not record.getMessage().startswith(TOKEN_AUTH_NOTICE)
-
-
-def connect_ray() -> None:
-    """Join the cluster of a ``ray job submit`` (RAY_ADDRESS), or start a local instance."""
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init()  # a cluster the job joins keeps its own authentication
-    else:  # a local instance: let its workers import this project from a plain checkout
-        logging.getLogger(RAY_AUTH_LOGGER).addFilter(without_token_auth_notice)
-        path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-        # its workers run at this job's priority: Ray's default (nice 15) starves them beside any busy
-        # process on the machine (beside two busy loops on 2 cores, an actor took 140-170 s to load the
-        # tiny model, seconds otherwise); a cluster the job joins keeps its own settings
-        ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, _system_config={"worker_niceness": 0})
 
 
 def number_of_actors(config: PipelineConfig, num_blocks: int | None = None) -> int:
@@ -247,49 +222,8 @@ def run(config: PipelineConfig, config_path: str = "") -> dict | None:
         "wall_s": wall_s, "finished_at": time.time(), "settings": config.model_dump(mode="json")}
     storage.write_bytes(storage.join(config.output, "stats.json"), json.dumps(result, indent=2).encode())
     latency_bins = job_stats.latency_samples_by_bin(snapshots, block_length)
-    storage.write_bytes(storage.join(config.output, "stats.png"), job_stats.plot_png(result, latency_bins))
+    storage.write_bytes(storage.join(config.output, "stats.png"), stats_plot.plot_png(result, latency_bins))
     return result
-
-
-def first_difference(output: str, expected: str) -> int | None:
-    """Index of the first word where ``output`` and ``expected`` differ (None when they are equal)."""
-    got, want = output.split(), expected.split()
-    for index, (a, b) in enumerate(zip(got, want)):
-        if a != b:
-            return index
-    return None if len(got) == len(want) else min(len(got), len(want))
-
-
-def around(text: str | None, word: int, before: int = 6, after: int = 6) -> str:
-    """The words of ``text`` from ``before`` words ahead of ``word`` to ``after`` past it, with "..."
-    where words were left out."""
-    words = (text or "").split()  # a row without a prompt holds None
-    start, end = max(0, word - before), min(len(words), word + after)
-    shown = " ".join(words[start:end]) or "(nothing)"
-    return ("... " if start else "") + shown + (" ..." if end < len(words) else "")
-
-
-def expected_answers(config: PipelineConfig, count: int = 5) -> str:
-    """When the input carries an ``answer`` column (the demo data does): how many outputs equal it, and
-    a few rows with the expected answer beside the output; a wrong one is shown where it first differs."""
-    outputs_dir = storage.join(config.output, "outputs")
-    columns = (config.id_column, config.prompt_column, "generated_text", "answer")
-    files, (filesystem, _) = storage.list_files(outputs_dir, ".parquet"), storage.resolve(outputs_dir)
-    # checked first: read_column deletes a file it cannot read, and a missing column reads as that
-    if not files or not set(columns) <= set(pq.read_schema(files[0], filesystem=filesystem).names):
-        return ""
-    ids, prompts, outputs, expected = (storage.read_column(outputs_dir, c).to_pylist() for c in columns)
-    right = sum(o == e for o, e in zip(outputs, expected))
-    lines = [f"{right} of {len(ids)} outputs equal the input's expected answer; a few rows:"]
-    for _, prompt, output, answer in sorted(zip(ids, prompts, outputs, expected))[:count]:
-        differs = first_difference(output, answer)
-        if differs is None:
-            lines += [f"  {around(prompt, 0, 0, 12)}", f"    output:   {around(output, 0, 0, 12)}",
-                      f"    expected: {around(answer, 0, 0, 12)}  [right]"]
-        else:
-            lines += [f"  {around(prompt, 0, 0, 12)}", f"    output:   {around(output, differs)}",
-                      f"    expected: {around(answer, differs)}  [wrong] first differs at word {differs + 1}"]
-    return "\n".join(lines)
 
 
 def absolute_output(config: PipelineConfig) -> PipelineConfig:
@@ -302,19 +236,6 @@ def absolute_output(config: PipelineConfig) -> PipelineConfig:
                           "path on a filesystem every node shares (--output /data/run1) or a storage URI "
                           "(--output s3://bucket/run1)")
     return config.model_copy(update={"output": storage.absolute(config.output)})
-
-
-def retry_hint(config: PipelineConfig) -> str:
-    """How many written rows carry an ``__inference_error__`` and how to retry them; empty when none."""
-    outputs_dir = storage.join(config.output, "outputs")
-    files, (filesystem, _) = storage.list_files(outputs_dir, ".parquet"), storage.resolve(outputs_dir)
-    # checked first: read_column deletes a file it cannot read, and a missing column reads as that
-    if not files or ERROR_COLUMN not in pq.read_schema(files[0], filesystem=filesystem).names:
-        return ""
-    failed = sum(1 for error in storage.read_column(outputs_dir, ERROR_COLUMN).to_pylist() if error)
-    if not failed:
-        return ""
-    return f"{failed} row(s) in {outputs_dir} have an {ERROR_COLUMN}; rerun with --output {config.output} to retry them"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     run_info = result["run"]
     print(f"\n{job_stats.format_table(result)}")
-    for note in (expected_answers(config), retry_hint(config)):
+    for note in (output_report.expected_answers(config), output_report.retry_hint(config)):
         if note:
             print(f"\n{note}")
     print(f"\n{run_info['output_rows']} rows ({run_info['output_unique_ids']} unique ids) in {outputs_dir}; "

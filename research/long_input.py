@@ -112,7 +112,7 @@ def measure_job(num_rows: int, word_chars: int, repeats: int) -> dict:
     import ray
 
     from engine.models.loader import TINY_MODEL_DIR, load_tokenizer
-    from pipeline.run import connect_ray
+    from pipeline.ray_connect import connect_ray
 
     demo = [json.loads(line) for line in (REPO_ROOT / "assets" / "data" / "demo.jsonl").open()][:num_rows]
     long_row = {**demo[0], "id": "long-word", "prompt": "w" * word_chars}

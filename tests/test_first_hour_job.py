@@ -157,7 +157,7 @@ def test_a_submitted_job_refuses_a_relative_output(monkeypatch, capsys):
 def test_a_local_instance_keeps_token_auth_and_drops_only_rays_notice_of_it():
     from ray._private.authentication import authentication_token_setup as ray_auth
 
-    from pipeline.run import RAY_AUTH_LOGGER, without_token_auth_notice
+    from pipeline.ray_connect import RAY_AUTH_LOGGER, without_token_auth_notice
 
     assert ray_auth.logger.name == RAY_AUTH_LOGGER
     records: list[logging.LogRecord] = []

@@ -133,7 +133,8 @@ def test_an_actor_counts_a_bounded_number_of_distinct_messages_and_keeps_the_fir
 
 
 def test_the_tensor_parallel_size_is_in_the_table_json_and_plot():
-    from pipeline.stats import format_table, stats_figure
+    from pipeline.stats import format_table
+    from pipeline.stats_plot import stats_figure
 
     stats = job_stats()
     assert stats["totals"]["tensor_parallel_size"] == 2
@@ -149,7 +150,7 @@ def figure_text(fig) -> str:
 
 
 def test_the_plot_shows_the_error_rows_and_the_most_common_message():
-    from pipeline.stats import stats_figure
+    from pipeline.stats_plot import stats_figure
 
     fig = stats_figure(job_stats(), {})
     text = figure_text(fig)
@@ -158,7 +159,7 @@ def test_the_plot_shows_the_error_rows_and_the_most_common_message():
 
 
 def test_no_legend_of_the_plot_covers_a_bar_or_a_bar_label():
-    from pipeline.stats import stats_figure
+    from pipeline.stats_plot import stats_figure
 
     stats = job_stats()
     stats["per_actor"][0]["gpu_utilization"] = 100.0  # a full bar reaches the top of its panel
@@ -176,7 +177,7 @@ def test_no_legend_of_the_plot_covers_a_bar_or_a_bar_label():
 @pytest.mark.parametrize(("latency_s", "unit"), [(0.1157, "ms"), (2.5, "s")])
 def test_the_latency_axis_starts_at_zero_in_readable_units(latency_s, unit):
     """Equal latencies in every bin once zoomed the axis to microseconds around them, with an offset."""
-    from pipeline.stats import stats_figure
+    from pipeline.stats_plot import stats_figure
 
     stats = job_stats(latency_s=latency_s)
     fig = stats_figure(stats, {"1-8": np.full(5, latency_s), "9-16": np.full(3, latency_s)})

@@ -207,7 +207,8 @@ def test_stats_json_and_png_have_per_node_sections(multinode_run):
 
 def test_per_node_stats_group_actors_and_their_restarts_by_node():
     """Without Ray: the per_node section of stats.json from hand-made actor snapshots."""
-    from pipeline.stats import aggregate, format_table, plot_png
+    from pipeline.stats import aggregate, format_table
+    from pipeline.stats_plot import plot_png
 
     def snapshot(actor_id: str, node_id: str, rows: int, tokens: int, busy: float) -> dict:
         engine = {"generated_tokens": tokens, "denoise_steps": rows,

@@ -178,7 +178,7 @@ def test_the_demo_prints_a_few_rows_with_their_expected_answers_beside_them(fini
 
 
 def test_a_wrong_answer_is_shown_around_the_word_where_it_first_differs():
-    from pipeline.run import around, first_difference
+    from pipeline.output_report import around, first_difference
 
     expected = " ".join(str(n) for n in range(10, 40))
     skipped = expected.replace(" 31 ", " ")
@@ -291,7 +291,7 @@ def test_job_that_fails_part_way_resumes_to_every_row_exactly_once(ray_cluster, 
 
 def test_a_local_instance_the_job_starts_runs_its_workers_at_the_jobs_priority():
     """Not at Ray's default nice 15, which starves the actors beside any busy process."""
-    code = ("import os, ray; from pipeline.run import connect_ray; connect_ray(); "
+    code = ("import os, ray; from pipeline.ray_connect import connect_ray; connect_ray(); "
             "print('worker niceness', ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote()))")
     env = {key: value for key, value in os.environ.items() if key not in ("RAY_worker_niceness", "RAY_ADDRESS")}
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
