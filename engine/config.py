@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.rules.flat_settings import flat_dict, rule_setting, set_fields
+
 SCHEDULES = ("continuous", "block_sync", "static", "shrink")  # engine/scheduling/policies.py: one policy each
 CACHE_MODES = ("dual", "prefix", "none")
 SHIFTED_DECODINGS = ("fast-dllm", "lookback")
@@ -26,42 +28,6 @@ def window_lookback(config: EngineConfig, logit_shift: int) -> int:
 
 def _fail(field: str, message: str) -> None:
     raise ValueError(f"EngineConfig.{field}: {message}")
-
-
-def _set_fields(config: Any, values: dict[str, Any], owner: str) -> None:
-    """Set ``config``'s fields from ``values`` (their defaults where not given), and gather every other key, a
-    setting a rule owns, into ``rule_settings``; a key that is neither is refused by name."""
-    from engine.rules import owned_settings  # loads the rule modules (and torch)
-
-    values = dict(values)
-    given = dict(values.pop("rule_settings", ()))
-    for field in dataclasses.fields(config):
-        if field.name != "rule_settings":
-            default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-            object.__setattr__(config, field.name, values.pop(field.name, default))
-    unknown = sorted(set(values) - set(owned_settings()))
-    if unknown:
-        known = sorted({field.name for field in dataclasses.fields(config)} - {"rule_settings"} | set(owned_settings()))
-        raise ValueError(f"{owner}: unknown field(s) {unknown}; known fields: {known}")
-    object.__setattr__(config, "rule_settings", tuple(sorted((given | values).items())))
-
-
-def _rule_setting(config: Any, name: str, engine_default: bool) -> Any:
-    """A rule setting read as an attribute: the value given, else the owning rule's default (a request's: None,
-    the engine's)."""
-    if name.startswith("__") or name == "rule_settings":
-        raise AttributeError(name)
-    from engine.rules import owned_settings
-
-    owner = owned_settings().get(name)
-    if owner is None:
-        raise AttributeError(f"{type(config).__name__} has no field or rule setting {name!r}")
-    return dict(config.rule_settings).get(name, owner[1].default if engine_default else None)
-
-
-def _flat_dict(config: Any) -> dict[str, Any]:
-    values = {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
-    return {name: value for name, value in values.items() if name != "rule_settings"} | dict(config.rule_settings)
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -125,11 +91,11 @@ class EngineConfig:
     rule_settings: tuple[tuple[str, Any], ...] = ()
 
     def __init__(self, **values: Any) -> None:
-        _set_fields(self, values, "EngineConfig")
+        set_fields(self, values, "EngineConfig")
         self.__post_init__()
 
     def __getattr__(self, name: str) -> Any:
-        return _rule_setting(self, name, engine_default=True)
+        return rule_setting(self, name, engine_default=True)
 
     def __post_init__(self) -> None:
         if self.block_length is not None and (not isinstance(self.block_length, int) or self.block_length < 1):
@@ -187,7 +153,7 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Its fields with the rule settings flat, as a YAML's engine section writes them."""
-        return _flat_dict(self)
+        return flat_dict(self)
 
     def resolved_token_budget(self, model_max_length: int) -> int:
         """The budget in force: the configured one, or ``max_batch_size`` widest admissible rows."""
@@ -222,10 +188,10 @@ class SamplingParams:
     rule_settings: tuple[tuple[str, Any], ...] = ()
 
     def __init__(self, **values: Any) -> None:
-        _set_fields(self, values, "SamplingParams")
+        set_fields(self, values, "SamplingParams")
 
     def __getattr__(self, name: str) -> Any:
-        return _rule_setting(self, name, engine_default=False)
+        return rule_setting(self, name, engine_default=False)
 
     @property
     def filters_tokens(self) -> bool:
@@ -268,7 +234,7 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         """Its fields with the rule settings flat."""
-        return _flat_dict(self)
+        return flat_dict(self)
 
     @classmethod
     def from_openai(cls, values: Mapping[str, Any], defaults: SamplingParams | None = None,
