@@ -221,8 +221,7 @@ class BlockServeEngine:
             pending_requests=self.scheduler.num_pending,
             blocks_completed=sum(result.block_complete for result in output.rows.values()),
             model_time_s=output.model_time_s, row_forwards=len(output.rows),
-            edits=sum(result.edits for result in output.rows.values()),
-            post_mask_forwards=sum(result.post_mask for result in output.rows.values()))
+            counters=[result.counters for result in output.rows.values() if result.counters])
 
     def _finish(self, request: Request) -> RequestOutput:
         request.finish_time = time.time()

@@ -80,8 +80,7 @@ def summarize(snapshots: list[dict], wall_s: float) -> dict:
         "denoise_steps": sum(s["engine"]["denoise_steps"] for s in snapshots),
         "row_forwards": row_forwards,
         "tokens_per_forward": generated / row_forwards if row_forwards else 0.0,
-        "edits": sum(s["engine"].get("edits", 0) for s in snapshots),
-        "post_mask_forwards": sum(s["engine"].get("post_mask_forwards", 0) for s in snapshots),
+        "counters": dict(sum((Counter(s["engine"].get("counters", {})) for s in snapshots), Counter())),
         "effective_compute_ratio": _weighted(snapshots, "effective_compute_ratio", "denoise_steps"),
         "useful_row_fraction": _weighted(snapshots, "useful_row_fraction", "denoise_steps"),
         "padding_fraction": _weighted(snapshots, "padding_fraction", "denoise_steps"),
@@ -269,9 +268,8 @@ def format_table(stats: dict) -> str:
         out.append(f"prefix cache: {totals['cached_prompt_tokens']} of {totals['prompt_tokens']} prompt tokens "
                    f"read from it ({percent(totals['prefix_cache_hit_rate'])} of prompt tokens)")
     if totals.get("row_forwards"):
-        edited = (f"; {totals['edits']} tokens rewritten by editing, {totals['post_mask_forwards']} post-mask "
-                  "forwards" if totals["edits"] or totals["post_mask_forwards"] else "")
-        out.append(f"decoding: {totals['tokens_per_forward']:.2f} tokens per row forward{edited}")
+        counted = "".join(f", {name} {count}" for name, count in sorted(totals["counters"].items()))
+        out.append(f"decoding: {totals['tokens_per_forward']:.2f} tokens per row forward{counted}")
     out += describe_deaths(stats.get("actor_deaths", []))
     out += describe_isolation(stats.get("batch_isolation", {}))
     out += describe_compilation(stats["per_actor"])

@@ -69,7 +69,8 @@ class ModeRun:
         return {"tokens": [self.outputs[i] for i in self.ids], "step_ms": median(seconds) * 1e3,
                 "window_steps": len(self.window_steps), "logit_positions": median(positions), "keys": median(keys),
                 "steps": stats.denoise_steps, "row_forwards": stats.row_forwards,
-                "post_mask_forwards": stats.post_mask_forwards, "edits": stats.edits,
+                "post_mask_forwards": stats.counters.get("post_mask_forwards", 0),
+                "edits": stats.counters.get("edits", 0),
                 "generated_tokens": stats.generated_tokens, "tokens_per_forward": stats.tokens_per_forward,
                 "tokens_per_s": stats.generated_tokens / self.busy_s}
 

@@ -148,7 +148,7 @@ def test_rows_batched_at_different_blocks_decode_to_diffusers_tokens_and_counts(
     assert [output.token_ids for output in outputs] == expected.answers
     assert recorder.saw_mixed_batch
     stats = engine.stats()
-    assert (stats.row_forwards, stats.post_mask_forwards, stats.edits) == (
+    assert (stats.row_forwards, stats.counters["post_mask_forwards"], stats.counters["edits"]) == (
         expected.forwards, expected.post_mask_forwards, expected.edits)
 
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(600)
 
 GAUGES = ("blockserve_queue_depth", "blockserve_running_rows", "blockserve_bounding_box_tokens",
           "blockserve_effective_compute_ratio", "blockserve_tokens_per_second", "blockserve_tokens_per_forward",
-          "blockserve_edited_tokens", "blockserve_engine_loop_healthy")
+          "blockserve_engine_loop_healthy")  # blockserve_rule_counter: only for a rule with counters
 COUNTERS = ("blockserve_generated_tokens", "blockserve_steps", "blockserve_requests")
 HISTOGRAMS = ("blockserve_request_latency_seconds", "blockserve_time_to_first_block_seconds",
               "blockserve_queue_seconds")

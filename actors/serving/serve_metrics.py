@@ -85,8 +85,9 @@ class ServeMetrics:
                                  "Generated tokens per second of engine time since start")
         self.tokens_per_forward = make("Gauge", "blockserve_tokens_per_forward",
                                        "Generated tokens per row forward since start (the rule's parallelism)")
-        self.edited_tokens = make("Gauge", "blockserve_edited_tokens",
-                                  "Generated tokens rewritten by token editing since start (joint_threshold)")
+        self.rule_counters = make("Gauge", "blockserve_rule_counter",
+                                  "The decoding rule's own counts since start, by counter (DecodingRule.counters)",
+                                  ("counter",))
         self.loop_healthy = make("Gauge", "blockserve_engine_loop_healthy", "1 while the engine loop serves")
         self.generated_tokens = make("Counter", "blockserve_generated_tokens", "Tokens in finished outputs")
         self.prompt_tokens = make("Counter", "blockserve_prompt_tokens", "Prompt tokens of finished requests")
@@ -114,7 +115,8 @@ class ServeMetrics:
         self.effective_compute_ratio.set(summary.stats.effective_compute_ratio)
         self.tokens_per_s.set(summary.stats.tokens_per_s)
         self.tokens_per_forward.set(summary.stats.tokens_per_forward)
-        self.edited_tokens.set(summary.stats.edits)
+        for name, count in summary.stats.counters.items():
+            self.rule_counters.set(count, tags={"counter": name})
         self.prefix_cache_hit_rate.set(summary.stats.prefix_cache_hit_rate)
         for stream, output in summary.finished:
             self.requests.inc(tags={"finish_reason": output.finish_reason})

@@ -14,7 +14,7 @@ The runner never compares tokens with the mask id: what is "done" is the rule's 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -42,6 +42,8 @@ class DecodingRule:
     name: ClassVar[str]  # its key in engine.rules.RULES (EngineConfig.decoding)
     settings: ClassVar[tuple[str, ...]] = ()  # the EngineConfig fields it reads, shared with other rules
     own_settings: ClassVar[dict[str, RuleSetting]] = {}  # the settings it alone reads, declared here
+    counters: ClassVar[dict[str, str]] = {}  # what it counts per row step (RowStep.counters): name -> meaning,
+    # summed by name in engine stats, Serve metrics and the job's summary
     attentions: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")  # RowLayout.attention kinds
     # it runs on
 
@@ -140,8 +142,7 @@ class RowStep:
 
     tokens: list[int]
     final: bool
-    edits: int
-    post_mask: bool
+    counters: dict[str, int] = field(default_factory=dict)  # this step's counts, by the rule's counter names
 
 
 
@@ -189,7 +190,7 @@ class BlockRule(DecodingRule):
 
     def read_row(self, values: list[int]) -> RowStep:
         """A row's part of the host copy: a mask-only rule's block is final once it holds no mask."""
-        return RowStep(values, self.mask_id not in values, 0, False)
+        return RowStep(values, self.mask_id not in values)
 
     def ends_at_stop(self, block: Sequence[int], stop_ids: Sequence[int]) -> bool:
         """Whether ``block`` holds a stop token with no mask before it: a family whose loop ends a block

@@ -70,6 +70,8 @@ class JointThreshold(BlockRule):
     name: ClassVar[str] = "joint_threshold"
     settings: ClassVar[tuple[str, ...]] = ("threshold",)
     own_settings: ClassVar[dict[str, RuleSetting]] = EDITING_SETTINGS
+    counters: ClassVar[dict[str, str]] = {"edits": "generated tokens rewritten by token editing",
+                                          "post_mask_forwards": "row forwards of blocks that held no mask"}
     attentions: ClassVar[tuple[str, ...]] = ("block_causal",)
     reads_unmasked: ClassVar[bool] = True
 
@@ -104,7 +106,7 @@ class JointThreshold(BlockRule):
 
     def after_step(self, state: EditingRowState, row: RowStep, lead: int) -> None:
         super().after_step(state, row, lead)
-        state.post_mask_forwards = 0 if row.final else state.post_mask_forwards + row.post_mask
+        state.post_mask_forwards = 0 if row.final else state.post_mask_forwards + row.counters["post_mask_forwards"]
 
     def step(self, view: BlockView) -> BlockUpdate:
         inputs: EditingInputs = view.row_inputs
@@ -127,4 +129,4 @@ class JointThreshold(BlockRule):
         return torch.cat([update.tokens, flags.to(update.tokens.dtype)], dim=1)
 
     def read_row(self, values: list[int]) -> RowStep:
-        return RowStep(values[:-3], bool(values[-3]), values[-2], bool(values[-1]))
+        return RowStep(values[:-3], bool(values[-3]), {"edits": values[-2], "post_mask_forwards": values[-1]})

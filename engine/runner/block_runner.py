@@ -134,10 +134,9 @@ class BlockRunner:
         """A row's step as a RowResult: once its block is final, the block's answer tokens (after its ``lead``
         prompt tokens) and their first stop token."""
         if not row.final:
-            return RowResult(False, None, None, edits=row.edits, post_mask=row.post_mask)
+            return RowResult(False, None, None, counters=row.counters)
         tokens = row.tokens[lead:]
-        return RowResult(True, first_stop(tokens, self.lm.special_ids.stop_ids), tokens, edits=row.edits,
-                         post_mask=row.post_mask)
+        return RowResult(True, first_stop(tokens, self.lm.special_ids.stop_ids), tokens, counters=row.counters)
 
     def _record_logprobs(self, inputs: StepBatch, logits: torch.Tensor, candidates: torch.Tensor,
                          written: torch.Tensor) -> None:

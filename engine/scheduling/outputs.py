@@ -51,8 +51,7 @@ class RowResult:
     stop_index: int | None  # the completed block's first stop token (None: none, or not complete)
     block_tokens: list[int] | None  # the completed block; None while it is not final
     block_logprobs: list[TokenLogprob] | None = None  # the completed block's, if its request asked
-    edits: int = 0  # tokens the step rewrote that were not masks (an editing rule's)
-    post_mask: bool = False  # the block held no mask before the step: a post-mask forward
+    counters: dict[str, int] = field(default_factory=dict)  # the rule's counts of this row's step, by name
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.scheduling.trace import ForwardRecord
@@ -26,8 +27,8 @@ class EngineStats:
     rows_per_step_while_waiting: float = 0.0  # rows computed per step, over steps with requests pending
     blocks_decoded: int = 0  # row-blocks completed
     row_forwards: int = 0  # rows computed, summed over steps: each is one forward of that row's block
-    edits: int = 0  # generated tokens rewritten by an editing rule (LLaDA2.1's joint_threshold)
-    post_mask_forwards: int = 0  # row forwards of blocks that held no mask (an editing rule's refinement)
+    counters: dict[str, int] = dataclasses.field(default_factory=dict)  # the decoding rule's own counts, summed
+    # by name (DecodingRule.counters declares them)
     effective_compute_ratio: float = 0.0  # mean over steps of unfinished requests / max_batch_size
     useful_row_fraction: float = 0.0  # mean over steps of unfinished requests' rows / rows computed
     padding_fraction: float = 0.0  # pad positions / bounding-box positions of the forwards run
@@ -74,7 +75,7 @@ class StatsCollector:
 
     def record_step(self, record: ForwardRecord, *, useful_rows: int, unfinished_requests: int,
                     pending_requests: int, blocks_completed: int, model_time_s: float, row_forwards: int = 0,
-                    edits: int = 0, post_mask_forwards: int = 0) -> None:
+                    counters: Sequence[Mapping[str, int]] = ()) -> None:
         """One forward: its shape, how many of its rows decode their own output, and how many running
         requests are unfinished (computed this step or waiting for a block boundary)."""
         totals = self.totals
@@ -84,8 +85,9 @@ class StatsCollector:
         totals.window_forwards += record.window_rows > 0
         totals.blocks_decoded += blocks_completed
         totals.row_forwards += row_forwards
-        totals.edits += edits
-        totals.post_mask_forwards += post_mask_forwards
+        for row in counters:
+            for name, count in row.items():
+                totals.counters[name] = totals.counters.get(name, 0) + count
         totals.model_time_s += model_time_s
         box = record.bounding_box_tokens
         totals.peak_bounding_box_tokens = max(totals.peak_bounding_box_tokens, box)
@@ -111,7 +113,7 @@ class StatsCollector:
     def snapshot(self) -> EngineStats:
         steps, windows = self.totals.denoise_steps, self.totals.window_forwards
         return dataclasses.replace(
-            self.totals,
+            self.totals, counters=dict(self.totals.counters),
             effective_compute_ratio=self._unfinished_rows_sum / (steps * self.max_batch_size) if steps else 0.0,
             useful_row_fraction=self._useful_rows_sum / steps if steps else 0.0,
             padding_fraction=self._pad_tokens / self._box_tokens if self._box_tokens else 0.0,
