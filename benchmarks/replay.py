@@ -127,7 +127,7 @@ def replay(name: str, lm: DiffusionLM, count: int | None = None, profile: str = 
         prompts = tag_prompts(prompts, ordinary_tokens(lm))
     lengths = [min(length, CANVAS_TOKENS - 1) for length in lengths]
     commit_profile = profile_named(profile)
-    params = [SamplingParams(max_new_tokens=CANVAS_TOKENS, temperature=0.0)] * len(prompts)
+    params = [SamplingParams(max_new_tokens=CANVAS_TOKENS, gen_length=CANVAS_TOKENS, temperature=0.0)] * len(prompts)
     blocks = [blocks_needed(length + 1, lm.block_length or 32) for length in lengths]
     notes |= {"requests": len(prompts), "canvas_tokens": CANVAS_TOKENS, "prompt_widths": widths,
               "commit_profile": profile, "commit_profile_mean": commit_profile.mean if commit_profile else None,

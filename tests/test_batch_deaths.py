@@ -127,7 +127,7 @@ def assert_only_the_poison_flagged(rows: list[dict], source: list[dict], deaths:
     assert all(r["finish_reason"] in ("eos", "length") for r in rows if r["id"] != POISON["id"])
 
 
-def test_a_job_whose_actor_dies_at_generate_rows_entry_flags_the_poison_row_only_and_resumes_past_it(
+def test_a_job_whose_actor_dies_at_generate_rows_entry_flags_the_poison_row_only_and_a_rerun_retries_it(
         ray_cluster, tiny_model, tmp_path, capsys):
     source = demo_rows(8, start=600) + [POISON]
     input_path = tmp_path / "prompts.jsonl"
@@ -141,8 +141,9 @@ def test_a_job_whose_actor_dies_at_generate_rows_entry_flags_the_poison_row_only
     assert_only_the_poison_flagged(read_outputs(output), source, stats["actor_deaths"],
                                    stats["batch_isolation"]["per_batch"])
     assert "rows generated, 1 flagged, at the cost of" in capsys.readouterr().out
-    assert run_small_job(tiny_model, output, *overrides, input_path=input_path) == 0  # nothing left to redo
-    assert "nothing to do" in capsys.readouterr().out and len(read_outputs(output)) == len(source)
+    assert run_small_job(tiny_model, output, *overrides, input_path=input_path) == 0  # retries the flagged row
+    rows = read_outputs(output)  # it fails alone again: written once, still flagged, the others untouched
+    assert len(rows) == len(source) and [r["id"] for r in rows if r["finish_reason"] == "error"] == [POISON["id"]]
 
 
 def test_a_users_pipeline_whose_actor_is_killed_at_call_entry_flags_the_poison_row_only(ray_cluster, tiny_model):

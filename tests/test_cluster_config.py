@@ -44,4 +44,4 @@ def test_runtime_env_file_for_ray_job_submit_is_a_valid_runtime_env():
     from ray.runtime_env import RuntimeEnv
 
     runtime_env = RuntimeEnv(**yaml.safe_load((REPO_ROOT / "configs" / "runtime-env.yaml").read_text()))
-    assert runtime_env["working_dir"] == "." and "transformers>=4.45" in runtime_env["pip"]["packages"]
+    assert runtime_env["working_dir"] == "." and "transformers>=5.24" in runtime_env["pip"]["packages"]

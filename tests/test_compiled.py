@@ -115,7 +115,7 @@ def test_compile_is_an_option_of_the_loaded_model_and_every_engine_on_it_runs_it
     BlockServeEngine(eager, EngineConfig(max_batch_size=4))
     assert all(engine.lm.model.compiled is forward is not None for engine in engines)
     assert eager.model.compiled is None
-    with pytest.raises(TypeError, match="compile"):
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['compile'\]"):
         EngineConfig(compile=True)
 
 

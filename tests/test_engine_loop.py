@@ -17,7 +17,7 @@ from actors.engine_loop import EngineDeadError, EngineLoop
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from tests.pipeline_helpers import freeze_tiny_model
 
-ENGINE = {"max_batch_size": 4, "steps_per_block": 4}
+ENGINE = {"max_batch_size": 4, "steps_per_block": 4, "block_length": 32}
 WAIT_S = 120.0  # generous: only a broken loop ever gets near it
 
 
@@ -29,7 +29,8 @@ def chat(text: str) -> list[dict]:
 def lm(tmp_path_factory):
     from engine.models import load_model
 
-    return load_model(freeze_tiny_model(tmp_path_factory.mktemp("model") / "tiny"), dtype="float32")
+    return load_model(freeze_tiny_model(tmp_path_factory.mktemp("model") / "tiny", gen_length=False),
+                      dtype="float32")  # a request's max_new_tokens sizes its canvas of blocks of 32
 
 
 class SteppingGate:

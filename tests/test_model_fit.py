@@ -27,8 +27,12 @@ def test_llada2_decodes_in_blocks_of_32_by_default():
 
 
 def test_a_full_attention_model_keeps_blocks_of_32_by_default():
-    engine = BlockServeEngine.from_pretrained("tiny")
+    engine = BlockServeEngine.from_pretrained(FIXTURES / "tiny-llada")  # its generation_config names no block
     assert engine.config.block_length == 32
+
+
+def test_a_model_whose_generation_config_names_a_block_decodes_with_it():
+    assert BlockServeEngine.from_pretrained("tiny").config.block_length == 8
 
 
 def test_another_block_on_a_block_causal_model_runs_with_one_warning_naming_the_trained_size(caplog):

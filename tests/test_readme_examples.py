@@ -59,7 +59,7 @@ def serve_tiny(ray_cluster) -> str:
     url = f"http://127.0.0.1:{port}/readme"
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
     yield url
-    serve.delete("readme-tiny")
+    serve.shutdown()  # the next module's serve.start takes a port of its own
 
 
 def run_block(code: str) -> str:
