@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.rules.flat_settings import flat_dict, rule_setting, set_fields
+from engine.rules.flat_settings import flat_dict, pydantic_schema, rule_setting, set_fields
 
 SCHEDULES = ("continuous", "block_sync", "static", "shrink")  # engine/scheduling/policies.py: one policy each
 CACHE_MODES = ("dual", "prefix", "none")
@@ -44,12 +44,8 @@ class EngineConfig:
     max_wait_s: float | None = None  # aging: a request pending longer is admitted first (None: off;
     # an offline batch drains anyway, an online server should set it)
     cache: str = "dual"  # "dual" | "prefix" | "none"
-    # the decoding rule, one of engine.rules.RULES; each rule module says what it does and validates the keys
-    # below that it reads: "threshold" | "low_confidence" (SGLang's) | "quota" | "low_confidence_static" |
-    # "low_confidence_dynamic" (SDAR's, LLaDA2.0's) | "factor" (Fast-dLLM's) | "factor_prefix" (the paper's) |
-    # "dream" (Dream's diffusion_generate) | "joint_threshold" (LLaDA2.1's token editing) | "entropy_bound"
-    # (DiffusionGemma's canvas sampler, the only rule of a canvas model) | "autoregressive" and "linear_spec"
-    # (Nemotron-Labs-Diffusion's causal token-by-token and self-speculative modes)
+    # the decoding rule, a key of engine.rules.RULES; each rule module says what it does, validates the shared
+    # keys below that it reads and declares the settings it owns (see rule_settings)
     decoding: str | None = None  # None: the model's own rule (a canvas model's), else "threshold"
     threshold: float | None = None  # None: the checkpoint's generation_config.json, else 0.9 (DEFAULT_THRESHOLD);
     # linear_spec: the draft's threshold, 0.0 allowed (every mask from one forward)
@@ -73,21 +69,13 @@ class EngineConfig:
     # anchored families (Nemotron-Labs-Diffusion), the remote code's name: the prompt and each finished block are
     # stored causally and each block is seeded by the context's next token; False: all bidirectional, no seed
     causal_context: bool = True
-    # decoding="entropy_bound" (DiffusionGemma), transformers' names; None: the checkpoint's, else
-    # engine.rules.entropy_bound.CANVAS_DEFAULTS
-    max_denoising_steps: int | None = None  # denoising steps a canvas takes at most
-    entropy_bound: float | None = None  # accept the lowest-entropy tokens while sum - max <= this
-    t_min: float | None = None  # temperature at the last step (linear schedule from t_max)
-    t_max: float | None = None  # temperature at the first step
-    stability_threshold: int | None = None  # steps the argmax canvas must stay unchanged to stop early
-    confidence_threshold: float | None = None  # ... with its mean token entropy below this
     # one model over this many devices (vLLM's name): the engine's process is rank 0 and starts the others
     # (engine.parallel); heads, MLPs, experts and the vocabulary are split across them
     tensor_parallel_size: int = 1
     tensor_parallel_timeout_s: float = 300.0  # a rank that waits this long on another ends the engine
-    # the settings one rule owns, given by their flat names (EngineConfig(dream_alg=...), a YAML's engine
+    # the settings one rule owns, given by their flat names (EngineConfig(<setting>=...), a YAML's engine
     # keys): each rule module declares its own (DecodingRule.own_settings) and validates them; read them as
-    # attributes, e.g. config.dream_alg (unset: the rule's default)
+    # attributes, config.<setting> (unset: the rule's default)
     rule_settings: tuple[tuple[str, Any], ...] = ()
 
     def __init__(self, **values: Any) -> None:
@@ -96,6 +84,10 @@ class EngineConfig:
 
     def __getattr__(self, name: str) -> Any:
         return rule_setting(self, name, engine_default=True)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        return pydantic_schema(cls)
 
     def __post_init__(self) -> None:
         if self.block_length is not None and (not isinstance(self.block_length, int) or self.block_length < 1):
@@ -184,7 +176,7 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | None = None  # token id -> added to its logit, every row's step
     logprobs: int | None = None  # N: each output token's log-probability and N alternatives (None: off)
     # the settings the engine's rule lets a request carry (RuleSetting.per_request), given by their flat names
-    # (SamplingParams(editing_threshold=0.5)) and validated by the rule; unset: the engine's
+    # (SamplingParams(<setting>=...)) and validated by the rule; unset: the engine's
     rule_settings: tuple[tuple[str, Any], ...] = ()
 
     def __init__(self, **values: Any) -> None:
@@ -192,6 +184,10 @@ class SamplingParams:
 
     def __getattr__(self, name: str) -> Any:
         return rule_setting(self, name, engine_default=False)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        return pydantic_schema(cls)
 
     @property
     def filters_tokens(self) -> bool:

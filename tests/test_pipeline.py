@@ -62,7 +62,8 @@ def test_shipped_configs_validate(name):
     ("input: a.jsonl\noutput: o\nengine: {compile: true}\n", "engine", "compile: not an engine setting"),
     ("input: a.jsonl\noutput: o\ncompile: true\nbatch_invariant: true\n", "batch_invariant", "compile=True"),
     ("input: a.jsonl\noutput: o\nlimit: many\n", "limit", "valid integer"),
-    ("input: a.jsonl\noutput: o\nengine: {max_batch_size: lots}\n", "engine.max_batch_size", "integer"),
+    ("input: a.jsonl\noutput: o\nengine: {max_batch_size: lots}\n", "engine",
+     "EngineConfig.max_batch_size: must be a positive int"),
     ("input: a.jsonl\noutput: o\nsampling: {max_new_tokens: 0}\n", "sampling", "must be positive"),
     ("input: a.jsonl\nlimit: 3\n", "output", "required"),
 ])

@@ -107,5 +107,5 @@ def test_an_engine_field_given_both_ways_or_unknown_is_refused_by_name():
     with pytest.raises(ValidationError, match=r"engine_kwargs and actor.engine both set \['max_batch_size'\]"):
         BlockServeProcessorConfig(model_source="tiny", engine_kwargs={"max_batch_size": 8},
                                   actor={"engine": {"max_batch_size": 4}})
-    with pytest.raises(ValidationError, match=r"engine.max_num_seqs\s+Unexpected keyword argument"):
+    with pytest.raises(ValidationError, match=r"engine.max_num_seqs\s+Extra inputs are not permitted"):
         BlockServeProcessorConfig(model_source="tiny", engine_kwargs={"max_num_seqs": 8})

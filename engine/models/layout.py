@@ -7,8 +7,8 @@ A family's layout is one of two kinds:
   row's keys and values from its current tokens (finished blocks are *refreshed*).
 * **Canvas** (DiffusionGemma): a causal encoder writes the context once (prompt, then each committed
   canvas); the answer's canvas starts from random tokens and attends to itself and to that context. A
-  row sits left-aligned, its answer starts right after the prompt, and it decodes with the
-  ``entropy_bound`` rule (``engine.rules.entropy_bound``) on its own runner (``engine.runner.canvas_runner``).
+  row sits left-aligned, its answer starts right after the prompt, and it decodes with the rule its
+  family names (``RowLayout.own_rule``) on its own runner (``engine.runner.canvas_runner``).
 * **Anchored** (Nemotron-Labs-Diffusion): a causal context (the prompt, then each finished block) is stored
   once; the active block starts right after it, seeded by the context's next token, and is denoised
   bidirectionally over it. A row sits left-aligned and runs on its own runner (``engine.runner.anchored_runner``),
@@ -41,6 +41,8 @@ class RowLayout:
     trained_block: int | None = None  # the block size a block-causal model was trained with
     caches: tuple[str, ...] = ("dual", "prefix", "none")  # EngineConfig.cache modes it runs
     refused_rules: tuple[str, ...] = ()  # EngineConfig.decoding rules it cannot run
+    own_rule: str | None = None  # the one rule its model runs, which an unset EngineConfig.decoding becomes
+    # (None: any block rule it does not refuse); its family module names it
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -66,12 +68,6 @@ class RowLayout:
     def anchored(self) -> bool:
         """Blocks anchored after a causal context, on the anchored runner."""
         return self.attention == "anchored"
-
-    @property
-    def own_rule(self) -> str | None:
-        """The one decoding rule its model runs, which an unset ``EngineConfig.decoding`` becomes (None: any
-        block rule it does not refuse)."""
-        return "entropy_bound" if self.decodes_canvases else None
 
     @property
     def runner(self) -> str:

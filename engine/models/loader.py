@@ -14,7 +14,6 @@ from engine.models.layout import RowLayout
 from engine.models.options import ModelOptions
 from engine.models.transformer import BidirectionalTransformer
 from engine.parallel.shard import TensorShard
-from engine.rules.entropy_bound import CANVAS_SETTINGS
 
 TINY_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
@@ -51,8 +50,8 @@ class DiffusionLM:
     special_ids: SpecialTokenIds
     layout: RowLayout  # how its rows are laid out and attended
     max_length: int  # longest row (prompt + canvas) the model accepts
-    canvas_defaults: dict = field(default_factory=dict)  # a canvas model's sampler settings from its
-    # generation_config.json (transformers' names)
+    generation_settings: dict = field(default_factory=dict)  # its generation_config.json, flat: the rules
+    # take the unset settings they own from it (DecodingRule.settle)
     decoding_defaults: dict = field(default_factory=dict)  # the block_length, threshold and gen_length its
     # generation_config.json names: what it decodes with unless the EngineConfig sets them
     image_token_ids: tuple[int, ...] = ()  # ids only an image request carries: refused (text-only families)
@@ -207,7 +206,7 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
                                     read_json(directory / "tokenizer_config.json"))
     return DiffusionLM(name=str(model), family=family.name, model=transformer, tokenizer=tokenizer,
                        special_ids=special_ids, layout=layout, max_length=transformer_config.max_position_embeddings,
-                       canvas_defaults=canvas_defaults(generation_config),
+                       generation_settings=generation_settings(generation_config),
                        decoding_defaults=decoding_defaults(generation_config, directory),
                        image_token_ids=family.image_tokens(config) if family.image_tokens else (),
                        source=ModelSource(str(directory), str(device), resolve_dtype(dtype), options))
@@ -231,11 +230,9 @@ def decoding_defaults(generation_config: dict, directory: Path) -> dict:
     return settings
 
 
-def canvas_defaults(generation_config: dict) -> dict:
-    """The canvas sampler settings a DiffusionGemma generation_config.json sets (``entropy_bound`` sits in
-    its ``sampler_config``)."""
-    settings = {key: generation_config[key] for key in CANVAS_SETTINGS if generation_config.get(key) is not None}
-    sampler = generation_config.get("sampler_config") or {}
-    if sampler.get("entropy_bound") is not None:
-        settings["entropy_bound"] = sampler["entropy_bound"]
-    return settings
+def generation_settings(generation_config: dict) -> dict:
+    """A generation_config.json's settings, flat: a nested ``sampler_config`` (DiffusionGemma keeps a sampler
+    setting there) joins the top level and wins a clash; unset (null) values are left out."""
+    flat = {key: value for key, value in generation_config.items() if key != "sampler_config"}
+    return {key: value for key, value in (flat | (generation_config.get("sampler_config") or {})).items()
+            if value is not None}

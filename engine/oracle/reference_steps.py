@@ -79,7 +79,7 @@ class RowDraws:
     top_k: int
     top_p: float
     bias: RowBias | None
-    params: SamplingParams = SamplingParams()  # the request's rule settings (editing_threshold, ...)
+    params: SamplingParams = SamplingParams()  # the request's own settings of its rule (rule_settings)
 
 
 def denoise_step(lm, rule: BlockRule, canvas: torch.Tensor, span: tuple[int, int], logits: torch.Tensor,

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from engine.rules.base import DecodingRule
+from engine.rules.base import DecodingRule, RuleSetting
 
 # unset: the checkpoint's generation_config.json, else these (transformers' DiffusionGemmaGenerationConfig)
 CANVAS_DEFAULTS = {"max_denoising_steps": 48, "entropy_bound": 0.1, "t_min": 0.4, "t_max": 0.8,
@@ -41,12 +41,19 @@ def _int(value: object, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-SETTING_CHECKS = {"max_denoising_steps": (lambda v: _int(v, 1), "a positive int"),
-                  "entropy_bound": (lambda v: _number(v) and v > 0, "a number > 0"),
-                  "t_min": (lambda v: _number(v) and v > 0, "a temperature > 0"),
-                  "t_max": (lambda v: _number(v) and v > 0, "a temperature > 0"),
-                  "stability_threshold": (lambda v: _int(v, 0), "an int >= 0"),
-                  "confidence_threshold": (lambda v: _number(v) and v >= 0, "a number >= 0")}
+def _unset_or(valid, what: str) -> RuleSetting:
+    """A canvas setting: None (the checkpoint's, else CANVAS_DEFAULTS) or a valid value."""
+    return RuleSetting(None, lambda value: value is None or valid(value), f"{what} or None")
+
+
+CANVAS_SETTING_RULES = {  # transformers' names
+    "max_denoising_steps": _unset_or(lambda v: _int(v, 1), "a positive int"),  # denoising steps of a canvas
+    "entropy_bound": _unset_or(lambda v: _number(v) and v > 0, "a number > 0"),  # accept while sum - max <= this
+    "t_min": _unset_or(lambda v: _number(v) and v > 0, "a temperature > 0"),  # at the last step
+    "t_max": _unset_or(lambda v: _number(v) and v > 0, "a temperature > 0"),  # at the first step
+    "stability_threshold": _unset_or(lambda v: _int(v, 0), "an int >= 0"),  # steps unchanged to stop early
+    "confidence_threshold": _unset_or(lambda v: _number(v) and v >= 0, "a number >= 0"),  # ... mean entropy below
+}
 
 
 @dataclass(frozen=True)
@@ -60,14 +67,8 @@ class EntropyBound(DecodingRule):
     stability_threshold: int
     confidence_threshold: float
     name: ClassVar[str] = "entropy_bound"
-    settings: ClassVar[tuple[str, ...]] = CANVAS_SETTINGS
+    own_settings: ClassVar[dict[str, RuleSetting]] = CANVAS_SETTING_RULES
     attentions: ClassVar[tuple[str, ...]] = ("canvas",)
-
-    @classmethod
-    def settings_problems(cls, config: Any) -> list[tuple[str, str]]:
-        return [(name, f"must be {what} or None, got {getattr(config, name)!r}")
-                for name, (valid, what) in SETTING_CHECKS.items()
-                if getattr(config, name) is not None and not valid(getattr(config, name))]
 
     @classmethod
     def settle(cls, config: Any, checkpoint_settings: dict) -> Any:

@@ -45,3 +45,23 @@ def flat_dict(config: Any) -> dict[str, Any]:
     """``config``'s fields with its rule settings flat, as a YAML writes them."""
     values = {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
     return {name: value for name, value in values.items() if name != "rule_settings"} | dict(config.rule_settings)
+
+
+def pydantic_schema(cls: type) -> Any:
+    """How a pydantic model validates a field of type ``cls``: an instance as it is; a mapping of its fields and
+    the rule settings by name (any other key is "unknown" at its own location), built by ``cls(**mapping)``, so
+    the values are checked by the class itself. Dumped as its flat dict."""
+    from pydantic_core import core_schema
+
+    from engine.rules import owned_settings
+
+    names = [field.name for field in dataclasses.fields(cls) if field.name != "rule_settings"] + list(owned_settings())
+    mapping = core_schema.typed_dict_schema(
+        {name: core_schema.typed_dict_field(core_schema.any_schema(), required=False) for name in names},
+        extra_behavior="forbid")
+
+    def build(value: Any, validate: Any) -> Any:
+        return value if isinstance(value, cls) else cls(**validate(value))
+
+    return core_schema.no_info_wrap_validator_function(
+        build, mapping, serialization=core_schema.plain_serializer_function_ser_schema(flat_dict))

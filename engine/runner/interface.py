@@ -2,7 +2,7 @@
 
 A runner owns the device state of its rows and runs one step of them: the block runner
 (``engine.runner.block_runner``) decodes blocks with a block rule, the canvas runner
-(``engine.runner.canvas_runner``) denoises DiffusionGemma's canvases with ``entropy_bound``. Both take the
+(``engine.runner.canvas_runner``) denoises DiffusionGemma's canvases with its family's own rule. Both take the
 scheduler's decisions and return results keyed by request id; neither decides who runs.
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
     generation_config.json names (``DiffusionLM.decoding_defaults``); else the block is the one a
     block-causal or canvas model was trained with, else DEFAULT_BLOCK_LENGTH, and the threshold
     DEFAULT_THRESHOLD. An unset ``enable_prefix_caching`` is on where it is exact (block-causal
-    layouts). A model with a rule of its own (a canvas model's ``entropy_bound``) decodes with it when the
+    layouts). A model with a rule of its own (``RowLayout.own_rule``: a canvas model's) decodes with it when the
     config names none, and a rule takes its unset settings from the checkpoint (``DecodingRule.settle``). A
     model told another block than it was trained with runs it, with one warning per loaded model and block
     (``RowLayout.untrained_block_warning``)."""
@@ -34,7 +34,7 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
     trained = lm.layout.trained_block
     if config.enable_prefix_caching is None:
         config = dataclasses.replace(config, enable_prefix_caching=lm.layout.prefix_caching(config))
-    config = rule.settle(config, lm.canvas_defaults)
+    config = rule.settle(config, lm.generation_settings)
     checkpoint = lm.decoding_defaults
     config = dataclasses.replace(config, threshold=_first_set(config.threshold, checkpoint.get("threshold"),
                                                               DEFAULT_THRESHOLD),

@@ -19,6 +19,7 @@ from engine.models.family import CheckpointIds, Family
 from engine.models.layout import RowLayout
 
 NAME = "diffusion_gemma"
+SAMPLER = "entropy_bound"  # its one decoding rule: transformers' canvas sampler (engine/rules/entropy_bound.py)
 MODEL_TYPE = "diffusion_gemma"
 ARCHITECTURE = "DiffusionGemmaForBlockDiffusion"
 DECODER = "model.decoder."
@@ -52,7 +53,8 @@ def is_family(config: dict) -> bool:
 
 
 def layout(config: dict) -> RowLayout:
-    return RowLayout(NAME, "canvas", trained_block=config.get("canvas_length", 256), caches=("dual",))
+    return RowLayout(NAME, "canvas", trained_block=config.get("canvas_length", 256), caches=("dual",),
+                     own_rule=SAMPLER)
 
 
 def image_tokens(config: dict) -> tuple[int, ...]:
@@ -89,4 +91,4 @@ FAMILY = Family(
     name=NAME, title="DiffusionGemma", recognises=is_family, transformer_config=gemma_text_config, layout=layout,
     weight_names=WEIGHT_NAMES, end_of_turn_token="<end_of_turn>", mask_token="<pad>",  # no mask token: see above
     config_json=config_json, model_class=DiffusionGemmaTransformer, image_tokens=image_tokens,
-    decoding={"decoding": "entropy_bound"})
+    decoding={"decoding": SAMPLER})
