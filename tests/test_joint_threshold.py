@@ -127,12 +127,12 @@ def test_an_editing_setting_on_a_request_to_another_rule_is_refused_by_name(lm, 
     assert "'low_confidence_dynamic'" in output.error
 
 
-@pytest.mark.parametrize("name, attends, instead", [("tiny-llada", "bidirectional", "low_confidence_dynamic"),
-                                                     ("tiny-diffusion_gemma", "canvas", "entropy_bound")])
-def test_joint_threshold_is_refused_by_name_where_attention_is_not_block_causal(name, attends, instead):
+@pytest.mark.parametrize("name, kind, instead", [("tiny-llada", "bidirectional", "low_confidence_dynamic"),
+                                                  ("tiny-diffusion_gemma", "canvas", "entropy_bound")])
+def test_joint_threshold_is_refused_by_name_where_rows_are_not_block_causal(name, kind, instead):
     lm = load_model(FIXTURES / name)
     with pytest.raises(ValueError, match=f"EngineConfig.decoding: 'joint_threshold' .* needs block-causal "
-                                         f"attention; .* attends {attends}: use {instead}"):
+                                         f"rows; .* rows are {kind}: use {instead}"):
         BlockServeEngine(lm, EngineConfig(decoding="joint_threshold", editing_threshold=0.0))
 
 

@@ -107,7 +107,7 @@ def test_a_transformer_config_without_head_dim_uses_hidden_over_heads():
 def test_bidirectional_families_keep_their_attention_and_have_no_block_length():
     for directory in (LLADA_DIR, DREAM_DIR):
         lm = load_model(directory)
-        assert (lm.attention, lm.block_length) == ("bidirectional", None)
+        assert (lm.row_kind, lm.block_length) == ("bidirectional", None)
 
 
 def test_llada2_weight_names_map_fused_qkv_and_per_expert_tensors():

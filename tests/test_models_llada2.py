@@ -105,7 +105,7 @@ def our_logits(lm, input_ids, position_ids, key_mask, block=BLOCK):
 
 def test_llada2_config_is_read_from_its_keys(llada2):
     config, ours = read_config(LLADA2_DIR), llada2.model.config
-    assert (llada2.family, llada2.logit_shift, llada2.attention, llada2.block_length) == (
+    assert (llada2.family, llada2.logit_shift, llada2.row_kind, llada2.block_length) == (
         "llada2", 0, "block_causal", 32)
     assert (ours.head_dim, ours.rotary_dim, ours.qk_norm) == (16, 8, True)
     moe = ours.moe

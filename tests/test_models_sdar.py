@@ -75,7 +75,7 @@ def our_logits(lm, input_ids, position_ids, key_mask, block=BLOCK):
 
 def test_sdar_config_is_read_from_qwen3_keys_with_its_explicit_head_dim(sdar):
     config, ours = read_config(SDAR_DIR), sdar.model.config
-    assert (sdar.family, sdar.logit_shift, sdar.attention, sdar.block_length) == ("sdar", 0, "block_causal", 4)
+    assert (sdar.family, sdar.logit_shift, sdar.row_kind, sdar.block_length) == ("sdar", 0, "block_causal", 4)
     assert ours.head_dim == config["head_dim"] == 16 != ours.hidden_size // ours.num_heads
     assert ours.rotary_dim == ours.head_dim and ours.qk_norm and ours.moe is None
     assert (ours.num_heads, ours.num_kv_heads) == (4, 2)

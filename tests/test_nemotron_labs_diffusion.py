@@ -181,7 +181,7 @@ def test_linear_spec_takes_a_zero_draft_threshold():
 
 def test_the_causal_modes_refuse_other_layouts_and_causal_context_refuses_other_families():
     sdar = load_model(FIXTURES / "tiny-sdar")
-    with pytest.raises(ValueError, match="'autoregressive' runs on anchored attention"):
+    with pytest.raises(ValueError, match="'autoregressive' runs on anchored rows"):
         BlockServeEngine(sdar, EngineConfig(decoding="autoregressive"))
     with pytest.raises(ValueError, match="causal_context=False"):
         BlockServeEngine(sdar, EngineConfig(causal_context=False))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from engine.models.layout import ATTENTION_KINDS
 from engine.parallel.shard import TensorShard
 
+TRANSFORMER_ATTENTIONS = ("bidirectional", "block_causal")  # the one transformer's: whole rows, or blocks
 
 @dataclass(frozen=True)
 class MoEConfig:
@@ -50,7 +50,7 @@ class TransformerConfig:
     head_dim: int | None = None  # None: hidden_size // num_heads (SDAR and LLaDA2 give it explicitly)
     qk_norm: bool = False  # per-head RMSNorm of q and k (weights [head_dim]) before RoPE (SDAR, LLaDA2)
     rotary_dim: int | None = None  # RoPE rotates the first rotary_dim dims of a head; None: head_dim
-    attention: str = "bidirectional"  # one of ATTENTION_KINDS (engine.models.layout)
+    attention: str = "bidirectional"  # one of TRANSFORMER_ATTENTIONS: over the whole row, or over blocks
     moe: MoEConfig | None = None
     shard: TensorShard = field(default_factory=TensorShard)  # the rank these shapes are one share of
 
@@ -61,8 +61,8 @@ class TransformerConfig:
             object.__setattr__(self, "rotary_dim", self.head_dim)
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
             raise ValueError(f"rotary_dim {self.rotary_dim} must be even and in (0, head_dim {self.head_dim}]")
-        if self.attention not in ATTENTION_KINDS:
-            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if self.attention not in TRANSFORMER_ATTENTIONS:
+            raise ValueError(f"attention must be one of {TRANSFORMER_ATTENTIONS}, got {self.attention!r}")
 
     def rank_share(self, shard: TensorShard) -> TransformerConfig:
         """The shapes rank ``shard.rank`` holds: its heads, its part of each MLP and expert (vocabulary whole:

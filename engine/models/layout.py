@@ -18,7 +18,7 @@ A family's layout is one of two kinds:
   left-aligned (column = position), the first answer block holds the prompt's last ``lead`` tokens,
   and a finished block's keys and values are written once (finished blocks are *stored*).
 
-Nothing outside this module compares attention kinds: it asks a :class:`RowLayout` what it needs.
+Nothing outside this module compares row kinds: it asks a :class:`RowLayout` what it needs.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from typing import Literal
 
 from engine.config import DEFAULT_BLOCK_LENGTH, EngineConfig, blocks_needed
 
-AttentionKind = Literal["bidirectional", "block_causal", "canvas", "anchored"]
-ATTENTION_KINDS: tuple[AttentionKind, ...] = ("bidirectional", "block_causal", "canvas", "anchored")
+RowKind = Literal["bidirectional", "block_causal", "canvas", "anchored"]
+ROW_KINDS: tuple[RowKind, ...] = ("bidirectional", "block_causal", "canvas", "anchored")
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class RowLayout:
     """How one model's rows are laid out and attended."""
 
     family: str  # the family's name, for messages
-    attention: AttentionKind = "bidirectional"
+    row_kind: RowKind = "bidirectional"  # how its rows are attended and stored: the kinds above
     logit_shift: int = 0  # the hidden state at column c predicts the token at column c + logit_shift
     trained_block: int | None = None  # the block size a block-causal model was trained with
     caches: tuple[str, ...] = ("dual", "prefix", "none")  # EngineConfig.cache modes it runs
@@ -45,29 +45,29 @@ class RowLayout:
     # (None: any block rule it does not refuse); its family module names it
 
     def __post_init__(self) -> None:
-        if self.attention not in ATTENTION_KINDS:
-            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if self.row_kind not in ROW_KINDS:
+            raise ValueError(f"row_kind must be one of {ROW_KINDS}, got {self.row_kind!r}")
         if self.block_causal and self.logit_shift:
             raise ValueError(f"{self.family} attends block-causally with logits shifted by {self.logit_shift}: the "
                              "block-causal steps read each token's logits at its own column and would decode "
                              "wrong tokens, so this engine refuses the combination")
-        if self.attention != "bidirectional" and not self.trained_block:
-            raise ValueError(f"{self.family} attends {self.attention} but names no trained block size")
+        if self.row_kind != "bidirectional" and not self.trained_block:
+            raise ValueError(f"{self.family}'s rows are {self.row_kind} but it names no trained block size")
 
     @property
     def block_causal(self) -> bool:
         """Attention over blocks counted from the prompt's start: rows left-aligned, blocks stored once."""
-        return self.attention == "block_causal"
+        return self.row_kind == "block_causal"
 
     @property
     def decodes_canvases(self) -> bool:
         """Canvases of random tokens denoised by the entropy-bound rule, on the canvas runner."""
-        return self.attention == "canvas"
+        return self.row_kind == "canvas"
 
     @property
     def anchored(self) -> bool:
         """Blocks anchored after a causal context, on the anchored runner."""
-        return self.attention == "anchored"
+        return self.row_kind == "anchored"
 
     @property
     def runner(self) -> str:
@@ -129,7 +129,7 @@ class RowLayout:
     @property
     def reads_whole_canvas(self) -> bool:
         """Every answer position attends to every other, so the canvas's length changes the answer."""
-        return self.attention == "bidirectional"
+        return self.row_kind == "bidirectional"
 
     def canvas_length(self, max_new_tokens: int, gen_length: int | None) -> int:
         """Answer tokens a request's canvas spans: ``gen_length`` where the whole canvas is read and it is set

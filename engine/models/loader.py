@@ -68,8 +68,8 @@ class DiffusionLM:
         return self.layout.logit_shift
 
     @property
-    def attention(self) -> str:
-        return self.layout.attention
+    def row_kind(self) -> str:
+        return self.layout.row_kind
 
     @property
     def block_length(self) -> int | None:

@@ -28,7 +28,7 @@ def causal_mode_problems(name: str, config: Any) -> list[tuple[str, str]]:
 @dataclass(frozen=True)
 class Autoregressive(DecodingRule):
     name: ClassVar[str] = "autoregressive"
-    attentions: ClassVar[tuple[str, ...]] = ("anchored",)
+    row_kinds: ClassVar[tuple[str, ...]] = ("anchored",)
 
     @classmethod
     def requirement_problems(cls, config: Any) -> list[tuple[str, str]]:

@@ -44,7 +44,7 @@ class DecodingRule:
     own_settings: ClassVar[dict[str, RuleSetting]] = {}  # the settings it alone reads, declared here
     counters: ClassVar[dict[str, str]] = {}  # what it counts per row step (RowStep.counters): name -> meaning,
     # summed by name in engine stats, Serve metrics and the job's summary
-    attentions: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")  # RowLayout.attention kinds
+    row_kinds: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")  # the RowLayout.row_kind values
     # it runs on
 
     @classmethod
@@ -72,9 +72,9 @@ class DecodingRule:
     @classmethod
     def refusal(cls, layout: Any) -> str | None:
         """Why a model of this layout cannot run the rule (naming the setting), or None."""
-        if layout.attention not in cls.attentions:
-            return (f"EngineConfig.decoding: {cls.name!r} runs on {' or '.join(cls.attentions)} attention; "
-                    f"{layout.family} attends {layout.attention}" + cls._alternatives(layout))
+        if layout.row_kind not in cls.row_kinds:
+            return (f"EngineConfig.decoding: {cls.name!r} runs on {' or '.join(cls.row_kinds)} rows; "
+                    f"{layout.family}'s rows are {layout.row_kind}" + cls._alternatives(layout))
         if cls.name in layout.refused_rules:
             return (f"EngineConfig.decoding: {cls.name!r} is not offered for {layout.family}"
                     + cls._alternatives(layout))

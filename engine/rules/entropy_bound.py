@@ -68,7 +68,7 @@ class EntropyBound(DecodingRule):
     confidence_threshold: float
     name: ClassVar[str] = "entropy_bound"
     own_settings: ClassVar[dict[str, RuleSetting]] = CANVAS_SETTING_RULES
-    attentions: ClassVar[tuple[str, ...]] = ("canvas",)
+    row_kinds: ClassVar[tuple[str, ...]] = ("canvas",)
 
     @classmethod
     def settle(cls, config: Any, checkpoint_settings: dict) -> Any:
@@ -79,7 +79,7 @@ class EntropyBound(DecodingRule):
 
     @classmethod
     def refusal(cls, layout: Any) -> str | None:
-        if layout.attention != "canvas":
+        if layout.row_kind != "canvas":
             return (f"EngineConfig.decoding: 'entropy_bound' is DiffusionGemma's canvas sampler; {layout.family} "
                     "unmasks blocks" + cls._alternatives(layout))
         return None

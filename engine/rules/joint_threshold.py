@@ -72,7 +72,7 @@ class JointThreshold(BlockRule):
     own_settings: ClassVar[dict[str, RuleSetting]] = EDITING_SETTINGS
     counters: ClassVar[dict[str, str]] = {"edits": "generated tokens rewritten by token editing",
                                           "post_mask_forwards": "row forwards of blocks that held no mask"}
-    attentions: ClassVar[tuple[str, ...]] = ("block_causal",)
+    row_kinds: ClassVar[tuple[str, ...]] = ("block_causal",)
     reads_unmasked: ClassVar[bool] = True
 
     @classmethod
@@ -81,10 +81,10 @@ class JointThreshold(BlockRule):
 
     @classmethod
     def refusal(cls, layout: Any) -> str | None:
-        if layout.attention not in cls.attentions:
+        if layout.row_kind not in cls.row_kinds:
             return (f"EngineConfig.decoding: 'joint_threshold' (LLaDA2.1's token editing) rewrites tokens of the "
-                    f"current block and freezes finished ones, which needs block-causal attention; {layout.family} "
-                    f"attends {layout.attention}" + cls._alternatives(layout))
+                    f"current block and freezes finished ones, which needs block-causal rows; {layout.family}'s rows "
+                    f"are {layout.row_kind}" + cls._alternatives(layout))
         return super().refusal(layout)
 
     def logit_offsets(self, block: Sequence[int], lead: int) -> list[int]:

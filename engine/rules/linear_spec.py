@@ -27,7 +27,7 @@ class LinearSpec(DecodingRule):
     mask_id: int | None = None
     name: ClassVar[str] = "linear_spec"
     settings: ClassVar[tuple[str, ...]] = ("threshold",)
-    attentions: ClassVar[tuple[str, ...]] = ("anchored",)
+    row_kinds: ClassVar[tuple[str, ...]] = ("anchored",)
     accepts_zero_threshold: ClassVar[bool] = True
 
     @classmethod

@@ -30,7 +30,7 @@ def quota_for_step(block_length: int | torch.Tensor, step: torch.Tensor, steps: 
 @dataclass(frozen=True)
 class Quota(UnmaskingRule):
     name: ClassVar[str] = "quota"
-    attentions: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "anchored")  # anchored: one token a
+    row_kinds: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "anchored")  # anchored: one token a
     # step at steps_per_block = block_length is Nemotron-Labs-Diffusion's generate with threshold=None
 
     @classmethod
@@ -47,14 +47,14 @@ class Quota(UnmaskingRule):
 @dataclass(frozen=True)
 class LowConfidenceStatic(Quota):
     name: ClassVar[str] = "low_confidence_static"
-    attentions: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    row_kinds: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 
 
 @dataclass(frozen=True)
 class LowConfidenceDynamic(Quota):
     threshold: float = 0.9
     name: ClassVar[str] = "low_confidence_dynamic"
-    attentions: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    row_kinds: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
     settings: ClassVar[tuple[str, ...]] = ("threshold", "steps_per_block")
 
     @classmethod

@@ -19,7 +19,7 @@ class Threshold(UnmaskingRule):
     threshold: float = 0.9
     name: ClassVar[str] = "threshold"
     settings: ClassVar[tuple[str, ...]] = ("threshold", "steps_per_block")
-    attentions: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "anchored")
+    row_kinds: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "anchored")
 
     @classmethod
     def settings_problems(cls, config: Any) -> list[tuple[str, str]]:

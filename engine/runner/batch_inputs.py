@@ -54,8 +54,8 @@ STEP_PARTS: dict[str, type] = {"bidirectional": FullAttentionParts, "block_causa
 
 
 def step_parts(layout: RowLayout) -> StepParts:
-    """The parts of a block runner's step, by the layout's attention kind."""
-    return STEP_PARTS[layout.attention]()
+    """The parts of a block runner's step, by the layout's row kind."""
+    return STEP_PARTS[layout.row_kind]()
 
 
 @dataclass
