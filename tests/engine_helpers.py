@@ -1,6 +1,8 @@
 """Shared by the engine tests: chat prompts, a mixed workload of held-out rows, and a recorder of steps."""
 from __future__ import annotations
 
+import random
+
 from engine import SamplingParams
 
 BLOCK = 32
@@ -57,3 +59,12 @@ def two_waves(engine) -> list[list[int]]:
         params = [SamplingParams(max_new_tokens=32 * (1 + i % 4), stop_at_eos=False) for i in range(12)]
         outputs += [o.token_ids for o in engine.generate(prompts, params)]
     return outputs
+
+
+def ordinary_prompts(lm, lengths: tuple[int, ...], seed: int = 0) -> list[list[int]]:
+    """Token-id prompts of ordinary tokens (no special, mask or stop id), one of each length: lengths that put
+    the answer at several offsets in a block."""
+    special = set(lm.tokenizer.all_special_ids) | {lm.special_ids.mask_id, *lm.special_ids.stop_ids}
+    ordinary = [token for token in range(min(lm.vocab_size, 90)) if token not in special]
+    rng = random.Random(seed)
+    return [[rng.choice(ordinary) for _ in range(length)] for length in lengths]

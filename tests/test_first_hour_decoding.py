@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import shutil
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models.loader import TINY_MODEL_DIR, load_model
 from tests.conftest import FIXTURES
-from tests.engine_helpers import chat
+from tests.engine_helpers import chat, ordinary_prompts
 
 CAPS = (1, 5, 13, 33)
 OWN_LENGTH = 48  # the answer length of a family whose checkpoint names none
@@ -72,15 +71,6 @@ def engine(request) -> BlockServeEngine:
     return BlockServeEngine(load_model(path, dtype="float32"), EngineConfig(max_batch_size=8, **settings))
 
 
-def prompts_of(engine: BlockServeEngine) -> list[list[int]]:
-    """Token-id prompts of ordinary tokens, of lengths that put the answer at several offsets in a block."""
-    lm = engine.lm
-    special = set(lm.tokenizer.all_special_ids) | {lm.special_ids.mask_id, *lm.special_ids.stop_ids}
-    ordinary = [token for token in range(min(lm.vocab_size, 90)) if token not in special]
-    rng = random.Random(1)
-    return [[rng.choice(ordinary) for _ in range(length)] for length in (3, 7, 12)]
-
-
 def own_length(engine: BlockServeEngine) -> int:
     """The answer length a request that caps nothing gets: the model's gen_length, else a long one."""
     return engine.config.gen_length or 64
@@ -89,7 +79,7 @@ def own_length(engine: BlockServeEngine) -> int:
 @pytest.mark.parametrize("stop_at_eos", [True, False])
 def test_an_answer_under_max_new_tokens_is_the_first_tokens_of_the_answer_at_the_models_own_length(
         engine, stop_at_eos):
-    prompts = prompts_of(engine)
+    prompts = ordinary_prompts(engine.lm, (3, 7, 12), seed=1)
     settings = {"stop_at_eos": stop_at_eos, "seed": 0}  # a canvas starts from noise its seed draws
     whole = engine.generate(prompts, SamplingParams(max_new_tokens=own_length(engine), **settings))
     pairs = [(prompt, answer, cap) for prompt, answer in zip(prompts, whole) for cap in CAPS]

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from actors.serving.openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from engine.models.prompts import CHAT_ROLES, encode_prompt
 from tests.pipeline_helpers import freeze_tiny_model
-from tests.serve_helpers import REPO_ROOT
+from tests.serve_helpers import REPO_ROOT, openai_server_without_ray
 
 MODEL = "blockserve-tiny"
 ENGINE = {"max_batch_size": 4, "steps_per_block": 4}
@@ -26,15 +26,7 @@ ENGINE = {"max_batch_size": 4, "steps_per_block": 4}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from actors.engine_loop import EngineLoop
-    from actors.serving.openai.server import OpenAIServer
-    from engine import BlockServeEngine, EngineConfig
-
-    model = freeze_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
-    engine = BlockServeEngine.from_pretrained(model, EngineConfig(**ENGINE), dtype="float32")
-    loop = EngineLoop(engine).start()
-    yield OpenAIServer(loop, model_name=MODEL, default_max_tokens=16)
-    loop.stop()
+    yield from openai_server_without_ray(freeze_tiny_model(tmp_path_factory.mktemp("model") / "tiny"), MODEL, ENGINE)
 
 
 def test_the_engine_refuses_a_chat_role_the_server_refuses_naming_the_roles(server):

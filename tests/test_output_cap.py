@@ -6,15 +6,13 @@ finish reason says whether a stop token came within the cap.
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import BlockServeEngine
 from engine.models.loader import load_model
 from tests.conftest import FIXTURES
-from tests.engine_helpers import chat
+from tests.engine_helpers import chat, ordinary_prompts
 
 CAPS = (1, 5, 33, 40)
 MODELS = {"tiny": ("tiny", {}), "sdar": (FIXTURES / "tiny-sdar", {"decoding": "low_confidence"}),
@@ -28,15 +26,6 @@ def engine(request) -> BlockServeEngine:
     return BlockServeEngine(load_model(path, dtype="float32"), EngineConfig(max_batch_size=8, **settings))
 
 
-def prompts_of(engine: BlockServeEngine) -> list[list[int]]:
-    """Token-id prompts of ordinary tokens, of lengths that put the answer at several offsets in a block."""
-    lm = engine.lm
-    special = set(lm.tokenizer.all_special_ids) | {lm.special_ids.mask_id, *lm.special_ids.stop_ids}
-    ordinary = [token for token in range(min(lm.vocab_size, 90)) if token not in special]
-    rng = random.Random(0)
-    return [[rng.choice(ordinary) for _ in range(length)] for length in (3, 7)]
-
-
 def whole_block_cap(engine: BlockServeEngine, prompt: list[int], cap: int) -> int:
     """The largest cap with the same canvas as ``cap``: every answer column of its blocks."""
     block = engine.config.block_length
@@ -46,7 +35,7 @@ def whole_block_cap(engine: BlockServeEngine, prompt: list[int], cap: int) -> in
 
 @pytest.mark.parametrize("stop_at_eos", [True, False])
 def test_every_answer_is_at_most_its_cap_and_equals_the_whole_blocks_up_to_it(engine, stop_at_eos):
-    prompts = prompts_of(engine)
+    prompts = ordinary_prompts(engine.lm, (3, 7))
     pairs = [(prompt, cap) for prompt in prompts for cap in CAPS]
     capped = [SamplingParams(max_new_tokens=cap, stop_at_eos=stop_at_eos) for _, cap in pairs]
     batched = engine.generate([prompt for prompt, _ in pairs], capped)
