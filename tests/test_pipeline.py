@@ -1,7 +1,4 @@
-"""The batch job, specified: ``python -m pipeline.run`` on the session's local Ray cluster.
-
-Runs are small (8-12 rows, 32 new tokens each) and use a frozen copy of the tiny model.
-"""
+"""The batch job on the session's local Ray cluster: small runs (8-12 rows, 32 new tokens) on the tiny model."""
 from __future__ import annotations
 
 import contextlib
@@ -62,8 +59,7 @@ def test_shipped_configs_validate(name):
     ("input: a.jsonl\noutput: o\nengine: {compile: true}\n", "engine", "compile: not an engine setting"),
     ("input: a.jsonl\noutput: o\ncompile: true\nbatch_invariant: true\n", "batch_invariant", "compile=True"),
     ("input: a.jsonl\noutput: o\nlimit: many\n", "limit", "valid integer"),
-    ("input: a.jsonl\noutput: o\nengine: {max_batch_size: lots}\n", "engine",
-     "EngineConfig.max_batch_size: must be a positive int"),
+    ("input: a.jsonl\noutput: o\nengine: {max_batch_size: lots}\n", "engine", "max_batch_size: must be a positive"),
     ("input: a.jsonl\noutput: o\nsampling: {max_new_tokens: 0}\n", "sampling", "must be positive"),
     ("input: a.jsonl\nlimit: 3\n", "output", "required"),
 ])
@@ -149,15 +145,16 @@ def finished_run(ray_cluster, tiny_model, tmp_path_factory):
 
 def test_job_writes_every_row_once_with_outputs_and_stats(finished_run):
     code, output, printed = finished_run
-    assert code == 0
-    assert "TOTAL (2)" in printed and "12 rows (12 unique ids)" in printed
     rows = read_outputs(output)
+    ran = len({r["actor_id"] for r in rows})  # Ray Data hands batches to ready actors: one may take all three
+    assert code == 0 and 1 <= ran <= 2
+    assert f"TOTAL ({ran})" in printed and "12 rows (12 unique ids)" in printed
     assert sorted(r["id"] for r in rows) == [r["id"] for r in demo_rows(12)]
     assert OUTPUT_COLUMNS | {"id", "prompt", "answer", "num_prompt_tokens", "length_bucket"} <= set(rows[0])
     assert all(r["__inference_error__"] == "" and r["finish_reason"] in ("eos", "length") for r in rows)
     stats = stats_of(output)
     totals = stats["totals"]
-    assert (totals["actors"], totals["rows"], totals["restarts"]) == (2, 12, 0)
+    assert (totals["actors"], totals["rows"], totals["restarts"]) == (ran, 12, 0)
     assert totals["generated_tokens"] == sum(r["num_generated_tokens"] for r in rows)
     assert stats["run"]["output_rows"] == stats["run"]["output_unique_ids"] == 12
     assert {a["actor_id"] for a in stats["per_actor"]} == {r["actor_id"] for r in rows}
