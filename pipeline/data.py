@@ -47,7 +47,6 @@ PREFIX_COLUMN = "prompt_prefix"  # a hash of the prompt's first PREFIX_TOKENS to
 GROUP_COLUMN = "prefix_group"  # the prefix hash when another row shares it, else 0
 PREFIX_TOKENS = 64  # longer than a chat template's header, short of a shared instruction
 DEFAULT_ID_COLUMN = PipelineConfig.model_fields["id_column"].default  # made from each row's content when absent
-MODEL_FILES_WITHOUT_WEIGHTS = ["*.json", "*.jinja", "*.model", "*.txt"]  # config, tokenizer, chat template
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -118,30 +117,12 @@ def check_columns(config: PipelineConfig) -> None:
                           "row's content")
 
 
-def model_files(model: str) -> Path:
-    """The directory of ``model``'s config and tokenizer files, without its weights. "tiny" and a directory
-    resolve by the engine's own rules (``resolve_model_dir``); anything else is fetched from the hub, these
-    files only, and a failure is raised as the engine raises it: its message for a bad path or hub id."""
-    from engine.models.loader import resolve_model_dir
-
-    if model == "tiny" or Path(model).expanduser().is_dir():
-        return resolve_model_dir(model)
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(model, allow_patterns=MODEL_FILES_WITHOUT_WEIGHTS))
-    except Exception:  # the engine's resolution fails the same way, with its own message
-        return resolve_model_dir(model)
-
-
 def check_model(model: str) -> None:
     """Refuse, with the engine's own message, a model no actor could load: a bad path, a hub id that cannot
     be fetched, a checkpoint of no served family, a tokenizer that does not load. Reads no weights."""
-    from engine.models.checkpoint import read_json
-    from engine.models.families import detect_family
+    from engine.models.loader import check_checkpoint
 
-    directory = model_files(model)
-    detect_family(read_json(directory / "config.json"), directory)
+    check_checkpoint(model)
     load_tokenizer(model)
 
 
@@ -149,9 +130,9 @@ def check_model(model: str) -> None:
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(model: str):
     """The model's tokenizer without its weights (a hub id fetches only the tokenizer files)."""
-    from engine.models.loader import load_tokenizer as load_from_dir
+    from engine.models.loader import load_tokenizer as load_from_dir, resolve_model_dir
 
-    return load_from_dir(model_files(model))
+    return load_from_dir(resolve_model_dir(model, weights=False))
 
 
 def prompt_tokens(tokenizer, prompt, chat_template: bool) -> list[int]:

@@ -12,7 +12,6 @@ protocol and the handlers are plain Python (``actors.engine_loop``, ``actors.ser
 # must see real classes (not strings) in their signatures to read the JSON body.
 import asyncio
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,7 +33,7 @@ from actors.serving.openai.protocol import ChatCompletionRequest, CompletionRequ
 from actors.serving.openai.server import OpenAIServer, dump
 from actors.serving.serve_metrics import ServeMetrics
 from engine import BlockServeEngine, EngineConfig
-from engine.models.loader import resolve_model_dir
+from engine.models.loader import check_checkpoint
 from engine.models.options import ModelOptions
 
 DEPLOYMENT_NAME = "BlockServeOpenAI"
@@ -234,24 +233,6 @@ def config_problems(error: ValidationError) -> str:
     return "\n".join(problems)
 
 
-def check_model(model: str) -> None:
-    """Raise the engine loader's ValueError when ``model`` does not resolve, reading no weights.
-
-    "tiny" and local paths resolve on this machine at once. A hub id is looked up by its ``config.json``
-    alone, so a deployment to GPU nodes downloads no weights where it is launched."""
-    local = model == "tiny" or Path(model).expanduser().is_dir()
-    if local or model.count("/") != 1 or model.startswith((".", "/", "~")):  # what the loader takes for a path
-        resolve_model_dir(model)
-        return
-    try:
-        from huggingface_hub import hf_hub_download
-
-        hf_hub_download(model, "config.json")
-    except Exception as error:  # offline, unknown repo, gated: the user's fix is the same
-        raise ValueError(f"model {model!r} is not a local directory and could not be fetched from the Hugging "
-                         f"Face hub ({type(error).__name__}: {error}); pass a local checkpoint path") from None
-
-
 def check_app_args(args: dict[str, Any] | None) -> ServeAppConfig:
     """The application's ``args`` validated, and its model resolved, before anything is deployed.
 
@@ -261,7 +242,7 @@ def check_app_args(args: dict[str, Any] | None) -> ServeAppConfig:
     except ValidationError as error:
         raise ValueError(config_problems(error)) from None
     try:
-        check_model(config.model)
+        check_checkpoint(config.model)  # a hub id fetches its config and tokenizer, no weights
     except ValueError as error:
         raise ValueError(f"model: {error}") from None
     return config

@@ -102,8 +102,9 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def resolve_model_dir(model: str | Path) -> Path:
-    """``"tiny"`` -> the shipped model; an existing directory -> itself; ``org/name`` -> the hub."""
+def resolve_model_dir(model: str | Path, weights: bool = True) -> Path:
+    """``"tiny"`` -> the shipped model; an existing directory -> itself; ``org/name`` -> the hub (with
+    ``weights=False``, its config and tokenizer files only)."""
     if str(model) == "tiny":
         return TINY_MODEL_DIR
     path = Path(model).expanduser()
@@ -118,11 +119,19 @@ def resolve_model_dir(model: str | Path) -> Path:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(
-            str(model), allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt"]))
+            str(model), allow_patterns=["*.json", "*.jinja", "*.model", "*.txt"] + ["*.safetensors"] * weights))
     except Exception as error:  # any hub failure (offline, unknown repo) is the same user problem
         raise ValueError(
             f"model {str(model)!r} is not a local directory and could not be fetched from the "
             f"Hugging Face hub ({type(error).__name__}: {error}); pass a local checkpoint path") from error
+
+
+def check_checkpoint(model: str | Path) -> Path:
+    """The directory of ``model``'s config and tokenizer files, reading no weights; the loader's own ValueError
+    for a model no engine could load: a bad path, a hub id that cannot be fetched, no served family."""
+    directory = resolve_model_dir(model, weights=False)
+    detect_family(read_json(directory / "config.json"), directory)
+    return directory
 
 
 def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
