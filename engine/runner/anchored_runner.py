@@ -33,6 +33,7 @@ from engine.runner.anchored_draws import block_sampling, greedy_tokens, sampled_
 from engine.runner.anchored_prefix_cache import AnchoredPrefixCache
 from engine.runner.canvas_prefix_cache import pool_pages
 from engine.runner.logit_processors import dense_bias, token_logprobs
+from engine.runner.slots import SlotAllocator
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
 from engine.scheduling.trace import ForwardRecord
@@ -73,13 +74,13 @@ class AnchoredRunner:
         self.cache = AnchoredKVCache(self.model.config, config.max_batch_size, max_row_width + 1, lm.dtype, lm.device)
         self.prefix_cache = (AnchoredPrefixCache(self.model.config, self.cache, pool_pages(config, max_row_width))
                              if config.enable_prefix_caching else None)
-        self.free_slots = list(range(config.max_batch_size))
+        self.slots: SlotAllocator[str] = SlotAllocator(config.max_batch_size)
         self.rows: dict[str, AnchoredRow] = {}
 
     @torch.no_grad()
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         for request in scheduled.admitted:
-            slot = self.free_slots.pop(0)
+            slot = self.slots.take(request.request_id)
             cached = self.prefix_cache.reuse(request, slot) if self.prefix_cache is not None else 0
             self.rows[request.request_id] = AnchoredRow(slot, request.params.max_new_tokens, context=cached,
                                                         pending=list(request.prompt_token_ids[cached:]))
@@ -101,7 +102,7 @@ class AnchoredRunner:
         for request in finished:
             row = self.rows.pop(request.request_id, None)
             if row is not None:
-                self.free_slots.append(row.slot)
+                self.slots.give_back(row.slot)
 
     # -- one row's span --------------------------------------------------------------------------------
     def _span(self, request: Request, row: AnchoredRow) -> _Span:

@@ -20,7 +20,6 @@ builds the step's tensors from this batch without changing it.
 """
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
 import torch
@@ -28,6 +27,7 @@ import torch
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.runner.logit_processors import LogprobBuffer
+from engine.runner.slots import SlotAllocator
 from engine.scheduling.request import Request
 
 
@@ -50,8 +50,7 @@ class PersistentBatch:
         self.logprobs: LogprobBuffer | None = None  # allocated when a request first asks for them
         self.columns = torch.arange(width, device=device)
         self.block_offsets = torch.arange(block_length, device=device)
-        self._free = list(range(slots))
-        self._owners: dict[int, Request] = {}  # slot -> the running request that holds it
+        self.slots: SlotAllocator[Request] = SlotAllocator(slots)
 
     @property
     def num_slots(self) -> int:
@@ -66,7 +65,7 @@ class PersistentBatch:
 
     @property
     def num_free_slots(self) -> int:
-        return len(self._free)
+        return self.slots.num_free
 
     def logprob_buffer(self) -> LogprobBuffer:
         """Each slot's log-probabilities of its active block, allocated on first use."""
@@ -85,7 +84,7 @@ class PersistentBatch:
 
     def place(self, request: Request) -> None:
         """Give the request a slot and write its row: pads, prompt, a canvas of masks."""
-        slot = heapq.heappop(self._free)
+        slot = self.slots.take(request)
         start = self.row_start(request)
         (prompt,) = to_device(self.tokens, request.prompt_token_ids)
         self.tokens[slot, :start] = self.pad_id
@@ -96,13 +95,11 @@ class PersistentBatch:
         self.key_mask[slot] = False
         self.key_mask[slot, start:start + request.width] = True
         request.slot = slot
-        self._owners[slot] = request
 
     def release(self, request: Request) -> None:
         """Its slot goes back; nothing is copied."""
         if request.slot is not None:
-            heapq.heappush(self._free, request.slot)
-            del self._owners[request.slot]
+            self.slots.give_back(request.slot)
             request.slot = None
 
     def pack_window_rows(self, window: Sequence[Request]) -> None:
@@ -121,7 +118,7 @@ class PersistentBatch:
         movers = sorted((r for r in window if r.slot >= count), key=lambda request: request.slot)
         for hole, mover in zip(holes, movers):
             vacated = mover.slot
-            holder = self._owners.get(hole)
+            holder = self.slots.holder(hole)
             if holder is not None:
                 holder_row = self._row(hole)
                 holder_cache = self.kv_cache.data[:, hole].clone() if self.layout.carries_cache_when_moved else None
@@ -129,14 +126,12 @@ class PersistentBatch:
                 self._write_row(vacated, holder_row)
                 if holder_cache is not None:
                     self.kv_cache.data[:, vacated] = holder_cache
-                holder.slot, self._owners[vacated] = vacated, holder
+                holder.slot = vacated
+                self.slots.swap(hole, vacated)
             else:
                 self._write_row(hole, self._row(vacated), cache_from=vacated)
-                self._free.remove(hole)
-                heapq.heapify(self._free)
-                heapq.heappush(self._free, vacated)
-                del self._owners[vacated]
-            mover.slot, self._owners[hole] = hole, mover
+                self.slots.move(vacated, hole)
+            mover.slot = hole
             if self.logprobs is not None:
                 self.logprobs.move([(vacated, hole)])
 

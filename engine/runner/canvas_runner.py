@@ -28,6 +28,7 @@ from engine.models.loader import DiffusionLM
 from engine.rules.entropy_bound import EntropyBound, denoise, empty_history, initial_canvas, scale
 from engine.runner.canvas_prefix_cache import CanvasPrefixCache, pool_pages
 from engine.runner.logit_processors import apply_logit_bias, dense_bias, token_logprobs
+from engine.runner.slots import SlotAllocator
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
 from engine.scheduling.trace import ForwardRecord
@@ -84,14 +85,14 @@ class CanvasRunner:
         self.soft = torch.zeros((slots, self.length, self.model.config.hidden_size), dtype=lm.dtype, device=device)
         self.history = empty_history(slots, self.rule, self.length, device)
         self.rows_per_chunk = rows_per_chunk(self.length, lm.vocab_size)
-        self.free_slots = list(range(slots))
+        self.slots: SlotAllocator[str] = SlotAllocator(slots)
         self.rows: dict[str, CanvasRow] = {}
 
     @torch.no_grad()
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         for request in scheduled.admitted:
             generator = torch.Generator(device=self.lm.device).manual_seed(request.seed)
-            slot = self.free_slots.pop(0)
+            slot = self.slots.take(request.request_id)
             cached = self.prefix_cache.reuse(request, slot) if self.prefix_cache is not None else 0
             bias = (dense_bias([request.params.logit_bias], self.lm.vocab_size, torch.float32, self.lm.device)[0]
                     if request.params.logit_bias else None)
@@ -115,7 +116,7 @@ class CanvasRunner:
         for request in finished:
             row = self.rows.pop(request.request_id, None)
             if row is not None:
-                self.free_slots.append(row.slot)
+                self.slots.give_back(row.slot)
 
     def _start_canvas(self, row: CanvasRow) -> None:
         self.canvas[row.slot] = initial_canvas(row.generator, self.length, self.lm.vocab_size, self.lm.device)[0]
