@@ -46,6 +46,7 @@ class DecodingRule:
     # summed by name in engine stats, Serve metrics and the job's summary
     row_kinds: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")  # the RowLayout.row_kind values
     # it runs on
+    vocab_copies: ClassVar[int] = 1  # float32 copies of a position's logits its step holds at once (memory check)
 
     @classmethod
     def settings_problems(cls, config: Any) -> list[tuple[str, str]]:
@@ -151,6 +152,33 @@ class RowState:
     """A running row's state, as the rule left it at the last step."""
 
     offsets: list[int] | None = None  # offsets of its active block that need logits (None: untouched)
+
+
+class CanvasRule(DecodingRule):
+    """A rule that denoises a row's whole canvas each step from every position's logits, drawing from the
+    row's own generator (DiffusionGemma's sampler); the canvas runner asks it for each of these."""
+
+    max_denoising_steps: int  # the steps a canvas may take; the request counts those taken (step_in_block)
+    row_kinds: ClassVar[tuple[str, ...]] = ("canvas",)
+
+    def initial_canvas(self, generator: torch.Generator, length: int, vocab_size: int,
+                       device: torch.device) -> torch.Tensor:
+        """A new canvas ``[1, length]`` drawn from the row's generator."""
+        raise NotImplementedError
+
+    def empty_history(self, rows: int, length: int, device: torch.device) -> torch.Tensor:
+        """The per-row record of earlier canvases a new canvas starts from."""
+        raise NotImplementedError
+
+    def scale(self, logits: torch.Tensor, steps_left: torch.Tensor) -> torch.Tensor:
+        """``logits [rows, canvas, vocab]`` as the sampler reads them (in place), ``steps_left`` counting this one."""
+        raise NotImplementedError
+
+    def denoise(self, logits: torch.Tensor, canvas: torch.Tensor, history: torch.Tensor, steps_left: torch.Tensor,
+                generators: list[torch.Generator]) -> Any:
+        """One step of every row: the next canvases, the argmax canvases a completing row commits, the scaled
+        logits, which rows stop, and the new history (``engine.rules.entropy_bound.CanvasStepResult``)."""
+        raise NotImplementedError
 
 
 class BlockRule(DecodingRule):

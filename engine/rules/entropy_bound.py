@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from engine.rules.base import DecodingRule, RuleSetting
+from engine.rules.base import CanvasRule, RuleSetting
 
 # unset: the checkpoint's generation_config.json, else these (transformers' DiffusionGemmaGenerationConfig)
 CANVAS_DEFAULTS = {"max_denoising_steps": 48, "entropy_bound": 0.1, "t_min": 0.4, "t_max": 0.8,
@@ -57,7 +57,7 @@ CANVAS_SETTING_RULES = {  # transformers' names
 
 
 @dataclass(frozen=True)
-class EntropyBound(DecodingRule):
+class EntropyBound(CanvasRule):
     """DiffusionGemma's sampler; its runner is ``engine.runner.canvas_runner``."""
 
     max_denoising_steps: int
@@ -68,7 +68,7 @@ class EntropyBound(DecodingRule):
     confidence_threshold: float
     name: ClassVar[str] = "entropy_bound"
     own_settings: ClassVar[dict[str, RuleSetting]] = CANVAS_SETTING_RULES
-    row_kinds: ClassVar[tuple[str, ...]] = ("canvas",)
+    vocab_copies: ClassVar[int] = VOCAB_COPIES
 
     @classmethod
     def settle(cls, config: Any, checkpoint_settings: dict) -> Any:
@@ -98,6 +98,20 @@ class EntropyBound(DecodingRule):
                         "defines none, and its canvas sampler draws from the whole vocabulary; leave it unset "
                         "(logit_bias -100 keeps a token out)")
         return super().request_problem(params)
+
+    def initial_canvas(self, generator: torch.Generator, length: int, vocab_size: int,
+                       device: torch.device) -> torch.Tensor:
+        return initial_canvas(generator, length, vocab_size, device)
+
+    def empty_history(self, rows: int, length: int, device: torch.device) -> torch.Tensor:
+        return empty_history(rows, self, length, device)
+
+    def scale(self, logits: torch.Tensor, steps_left: torch.Tensor) -> torch.Tensor:
+        return scale(self, logits, steps_left)
+
+    def denoise(self, logits: torch.Tensor, canvas: torch.Tensor, history: torch.Tensor, steps_left: torch.Tensor,
+                generators: list[torch.Generator]) -> CanvasStepResult:
+        return denoise(self, logits, canvas, history, steps_left, generators)
 
 
 @dataclass

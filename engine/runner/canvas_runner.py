@@ -25,7 +25,7 @@ from engine.config import EngineConfig
 from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, StorePart
 from engine.models.loader import DiffusionLM
-from engine.rules.entropy_bound import EntropyBound, denoise, empty_history, initial_canvas, scale
+from engine.rules.base import CanvasRule
 from engine.runner.canvas_prefix_cache import CanvasPrefixCache, pool_pages
 from engine.runner.logit_processors import apply_logit_bias, dense_bias, token_logprobs
 from engine.runner.slots import SlotAllocator
@@ -36,7 +36,7 @@ from engine.scheduling.trace import ForwardRecord
 # A chunk's float32 logits [rows, canvas, vocab] hold at most this many elements (512 MiB), at least one
 # row's. At the release's canvas of 256 and vocabulary of 262,144: two rows, whose 512 positions keep the
 # head's and the self-conditioning's matmuls over the 1.5 GB embedding compute-bound on an H100 (the
-# ridge is near 300 positions), with 1.5 GiB of temporaries at once (VOCAB_COPIES float32 copies).
+# ridge is near 300 positions), with 1.5 GiB of temporaries at once (the rule's vocab_copies float32 copies).
 VOCAB_CHUNK_ELEMENTS = 2**27
 
 
@@ -54,7 +54,6 @@ class CanvasRow:
     pending: list[int] = field(default_factory=list)  # context to store before its next canvas
     pages: tuple[int, ...] = ()  # the prefix cache's pages its next store fills (StorePart.pages)
     context: int = 0  # positions stored in its cache slot
-    steps_left: int = 0  # denoising steps its canvas may still take, this one included
     conditioned: bool = False  # its canvas has self-conditioning from a previous step
     bias: torch.Tensor | None = None  # [vocab] float32: its request's logit_bias
     logprobs: int | None = None  # alternatives per token its request asks for (None: no log-probabilities)
@@ -73,7 +72,7 @@ class CanvasLogprobs:
 
 
 class CanvasRunner:
-    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: EntropyBound):
+    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: CanvasRule):
         self.lm, self.model = lm, lm.model
         self.rule = rule
         self.length = config.block_length
@@ -83,7 +82,7 @@ class CanvasRunner:
                              if config.enable_prefix_caching else None)
         self.canvas = torch.zeros((slots, self.length), dtype=torch.long, device=device)
         self.soft = torch.zeros((slots, self.length, self.model.config.hidden_size), dtype=lm.dtype, device=device)
-        self.history = empty_history(slots, self.rule, self.length, device)
+        self.history = self.rule.empty_history(slots, self.length, device)
         self.rows_per_chunk = rows_per_chunk(self.length, lm.vocab_size)
         self.slots: SlotAllocator[str] = SlotAllocator(slots)
         self.rows: dict[str, CanvasRow] = {}
@@ -119,9 +118,10 @@ class CanvasRunner:
                 self.slots.give_back(row.slot)
 
     def _start_canvas(self, row: CanvasRow) -> None:
-        self.canvas[row.slot] = initial_canvas(row.generator, self.length, self.lm.vocab_size, self.lm.device)[0]
+        device = self.lm.device
+        self.canvas[row.slot] = self.rule.initial_canvas(row.generator, self.length, self.lm.vocab_size, device)[0]
         self.history[row.slot] = -1
-        row.steps_left, row.conditioned = self.rule.max_denoising_steps, False
+        row.conditioned = False
 
     def _inputs(self, requests: list[Request]) -> tuple[CanvasStep, ForwardRecord]:
         rows = [self.rows[request.request_id] for request in requests]
@@ -152,13 +152,17 @@ class CanvasRunner:
     def _decode(self, rows: list[CanvasRow], requests: list[Request], hidden: torch.Tensor) -> dict[str, RowResult]:
         size = self.rows_per_chunk
         num_top = max((row.logprobs for row in rows if row.logprobs is not None), default=None)
-        chunks = [self._denoise_chunk(rows[start:start + size], hidden[start:start + size], start, num_top)
+        # denoising steps each canvas may still take, this one included (the request counts those taken)
+        steps_left = torch.tensor([self.rule.max_denoising_steps - request.step_in_block for request in requests],
+                                  device=hidden.device)
+        chunks = [self._denoise_chunk(rows[start:start + size], hidden[start:start + size],
+                                      steps_left[start:start + size], start, num_top)
                   for start in range(0, len(rows), size)]
         host = torch.cat([tokens for tokens, _ in chunks]).tolist()  # the one host sync
         logprobs = self._committed_logprobs(rows, [part for _, part in chunks if part is not None], host)
         results = {}
         for index, (row, request, values) in enumerate(zip(rows, requests, host)):
-            row.steps_left, row.conditioned = row.steps_left - 1, True
+            row.conditioned = True
             if not values[-1]:
                 results[request.request_id] = RowResult(False, None, None)
                 continue
@@ -168,17 +172,16 @@ class CanvasRunner:
                                                     logprobs.get(index))
         return results
 
-    def _denoise_chunk(self, rows: list[CanvasRow], hidden: torch.Tensor, first: int, num_top: int | None
-                       ) -> tuple[torch.Tensor, CanvasLogprobs | None]:
+    def _denoise_chunk(self, rows: list[CanvasRow], hidden: torch.Tensor, steps_left: torch.Tensor, first: int,
+                       num_top: int | None) -> tuple[torch.Tensor, CanvasLogprobs | None]:
         """One chunk's head, sampler and self-conditioning, written to its rows' slots: ``[rows, canvas + 1]``,
         each row's argmax canvas and whether its canvas completes, and the asking rows' log-probabilities
         (``first``: the chunk's first row in the step). Its vocabulary-sized temporaries end here."""
         slots = torch.tensor([row.slot for row in rows], device=hidden.device)
-        steps_left = torch.tensor([row.steps_left for row in rows], device=hidden.device)
         logits = self._biased(rows, self.model.logits(hidden))
         asking = [index for index, row in enumerate(rows) if row.logprobs is not None]
         logprobs = self._canvas_logprobs(logits, steps_left, asking, first, num_top) if asking else None
-        result = denoise(self.rule, logits, self.canvas[slots], self.history[slots], steps_left,
+        result = self.rule.denoise(logits, self.canvas[slots], self.history[slots], steps_left,
                          [row.generator for row in rows])
         self.canvas[slots], self.history[slots] = result.canvas, result.history
         self.soft[slots] = self.model.soft_embeddings(result.processed_logits)
@@ -198,10 +201,10 @@ class CanvasRunner:
                          num_top: int) -> CanvasLogprobs:
         """The asking rows' argmax canvases, as the sampler will take them (``scale``, then argmax), with their
         tokens' log-probabilities under the biased logits, before the sampler scales those in place. At most
-        three copies of the logits at once: ``VOCAB_COPIES``."""
+        three copies of the logits at once (the rule's ``vocab_copies``)."""
         index = torch.tensor(asking, device=logits.device)
         picked = logits if len(asking) == logits.shape[0] else logits[index]
-        tokens = scale(self.rule, picked.clone(), steps_left[index]).argmax(dim=-1)
+        tokens = self.rule.scale(picked.clone(), steps_left[index]).argmax(dim=-1)
         chosen, top_values, top_ids = token_logprobs(picked, None, tokens, num_top)
         return CanvasLogprobs([first + index for index in asking], tokens, chosen, top_values, top_ids)
 

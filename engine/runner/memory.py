@@ -25,7 +25,7 @@ from engine.models.diffusion_gemma.kv_cache import CanvasKVCache, PagePool
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.models.part_attention import part_attention
-from engine.rules.entropy_bound import VOCAB_COPIES
+from engine.rules import rule_class
 from engine.rules.proposals import NOISE_CHUNK_ELEMENTS
 from engine.runner.anchored_prefix_cache import AnchoredPrefixCache
 from engine.runner.canvas_prefix_cache import PAGE_LENGTH, pool_pages
@@ -74,8 +74,8 @@ def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
         weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()),
         arena_bytes=CanvasKVCache.bytes_per_slot(model_config, width, dtype) * slots + state + pool,
         bytes_per_box_token=element * per_token,
-        # the sampler's float32 copies of the vocabulary per canvas position, for one chunk of rows
-        logit_bytes_per_row=VOCAB_COPIES * 4 * canvas * model_config.vocab_size,
+        # the family's sampler's float32 copies of the vocabulary per canvas position, for one chunk of rows
+        logit_bytes_per_row=rule_class(lm.layout.own_rule).vocab_copies * 4 * canvas * model_config.vocab_size,
         logit_rows=rows_per_chunk(canvas, model_config.vocab_size))
 
 
