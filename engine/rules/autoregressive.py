@@ -2,14 +2,17 @@
 
 This is Nemotron-Labs-Diffusion's ``ar_generate``. Its rows run on the anchored runner
 (``engine.runner.anchored_runner``): each step stores the row's last token causally and draws the next from
-that one position's logits (``engine.runner.anchored_draws``). The scheduler's blocks are single tokens.
+that one position's logits (``engine.runner.anchored_draws``), as its span plan says. The scheduler's
+blocks are single tokens.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from engine.rules.base import DecodingRule
+from engine.rules.spans import SpanPlan, SpanReading
 
 CAUSAL_SCHEDULES = ("continuous", "block_sync")  # a static or shrinking batch shares one canvas of blocks
 
@@ -36,3 +39,12 @@ class Autoregressive(DecodingRule):
 
     def scheduled_block(self, block_length: int) -> int:
         return 1
+
+    def plan_span(self, pending: Sequence[int], block: Sequence[int] | None, causal_context: bool) -> SpanPlan:
+        """Every step stores the row's pending tokens causally and reads the next token at the last."""
+        return SpanPlan("store", True, (len(pending) - 1,))
+
+    def read_span(self, plan: SpanPlan, tokens: list[int], values: list[int],
+                  stop_ids: Sequence[int] | None) -> SpanReading:
+        """The next token is reported, and stored by the next step."""
+        return SpanReading(kept=len(tokens), emitted=values, pending=values)

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from engine.rules import DEFAULT_THRESHOLD
+from engine.rules.spans import PlansSpans
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class RuleSetting:
         return None if self.valid(value) else f"must be {self.expected}, got {value!r}"
 
 
-class DecodingRule:
+class DecodingRule(PlansSpans):
     """The settings side of every rule: names, validation, refusals."""
 
     name: ClassVar[str]  # its key in engine.rules.RULES (EngineConfig.decoding)

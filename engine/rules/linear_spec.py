@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 import torch
 
 from engine.rules.autoregressive import causal_mode_problems
-from engine.rules.base import DecodingRule
+from engine.rules.base import BlockUpdate, BlockView, DecodingRule
+from engine.rules.spans import SpanPlan, SpanReading
 from engine.rules.unmasking import with_most_confident
 
 
@@ -29,6 +30,7 @@ class LinearSpec(DecodingRule):
     settings: ClassVar[tuple[str, ...]] = ("threshold",)
     row_kinds: ClassVar[tuple[str, ...]] = ("anchored",)
     accepts_zero_threshold: ClassVar[bool] = True
+    drafts_to_budget: ClassVar[bool] = True
 
     @classmethod
     def settings_problems(cls, config: Any) -> list[tuple[str, str]]:
@@ -54,12 +56,33 @@ class LinearSpec(DecodingRule):
         """Offsets of a drafted block still to draft (its masks); none left: the draft is whole."""
         return [offset for offset, token in enumerate(block) if token == self.mask_id]
 
-    def draft(self, candidates: torch.Tensor, confidence: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-        """Which masked positions of ``blocks`` ``[rows, block]`` a drafting forward commits."""
-        masked = blocks == self.mask_id
-        if self.threshold <= 0.0:
-            return masked.clone()
-        return with_most_confident(masked & (confidence >= self.threshold), confidence, masked)
+    def plan_span(self, pending: Sequence[int], block: Sequence[int] | None, causal_context: bool) -> SpanPlan:
+        """Store pending tokens causally (the last one's logits give the next token); draft the block's masks
+        bidirectionally; verify a whole draft causally, reading every offset."""
+        if pending:
+            return SpanPlan("store", True, (len(pending) - 1,))
+        offsets = tuple(self.logit_offsets(block, 0))
+        if not offsets:
+            return SpanPlan("verify", True, tuple(range(len(block))))
+        return SpanPlan("draft", False, offsets)
+
+    def read_span(self, plan: SpanPlan, tokens: list[int], values: list[int],
+                  stop_ids: Sequence[int] | None) -> SpanReading:
+        """A store's next token is the first output token and seeds the draft; a verify keeps and reports the
+        accepted run, whose last token seeds the next draft."""
+        if plan.kind == "store":
+            return SpanReading(kept=len(tokens), emitted=values[:1], seed=values[:1])
+        if plan.kind == "verify":
+            run = values[:self.accepted(tokens, values)]
+            return SpanReading(kept=len(run), emitted=run, seed=run[-1:])
+        return SpanReading(block=values)
+
+    def step(self, view: BlockView) -> BlockUpdate:
+        """A drafting forward: the masked positions of the blocks it commits take their candidates."""
+        masked = view.tokens == self.mask_id
+        written = (masked.clone() if self.threshold <= 0.0 else
+                   with_most_confident(masked & (view.confidence >= self.threshold), view.confidence, masked))
+        return BlockUpdate(torch.where(written, view.candidates, view.tokens), written)
 
     @staticmethod
     def accepted(draft: Sequence[int], verified: Sequence[int]) -> int:

@@ -1,6 +1,7 @@
 """Runs one step of anchored-block rows (Nemotron-Labs-Diffusion) and owns their state. No policy.
 
-Every row runs one span per step (``engine.models.anchored.spans``), whatever the others do, in one forward:
+Every row runs one span per step (``engine.models.anchored.spans``), whatever the others do, in one forward.
+Its rule plans the span and reads the step back (``engine.rules.spans``); the runner carries both out:
 
 * a **store** writes its pending tokens' keys and values: the prompt when it joins, then each finished
   block. Causally (``causal_context``), its last position's argmax seeds the next block; an
@@ -25,10 +26,9 @@ from engine.config import EngineConfig
 from engine.models.anchored.model import AnchoredKVCache
 from engine.models.anchored.spans import SpanStep
 from engine.models.loader import DiffusionLM
-from engine.rules.autoregressive import Autoregressive
 from engine.rules.base import BlockView, DecodingRule
-from engine.rules.linear_spec import LinearSpec
 from engine.rules.proposals import propose_tokens
+from engine.rules.spans import SpanPlan
 from engine.runner.anchored_draws import block_sampling, greedy_tokens, sampled_tokens
 from engine.runner.anchored_prefix_cache import AnchoredPrefixCache
 from engine.runner.canvas_prefix_cache import pool_pages
@@ -58,17 +58,26 @@ class AnchoredRow:
 class _Span:
     request: Request
     row: AnchoredRow
-    kind: str  # "store" | "denoise" | "draft" | "verify"
+    plan: SpanPlan  # what its rule runs this step
     tokens: list[int]
-    causal: bool
-    logit_offsets: tuple[int, ...]
+
+    @property
+    def kind(self) -> str:
+        return self.plan.kind
+
+    @property
+    def causal(self) -> bool:
+        return self.plan.causal
+
+    @property
+    def logit_offsets(self) -> tuple[int, ...]:
+        return self.plan.logit_offsets
 
 
 class AnchoredRunner:
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule):
         self.lm, self.model, self.rule = lm, lm.model, rule
         self.block_length = config.block_length
-        self.speculative, self.autoregressive = isinstance(rule, LinearSpec), isinstance(rule, Autoregressive)
         self.causal_context = config.causal_context
         self.mask_id, self.stop_ids = lm.special_ids.mask_id, lm.special_ids.stop_ids
         self.cache = AnchoredKVCache(self.model.config, config.max_batch_size, max_row_width + 1, lm.dtype, lm.device)
@@ -106,14 +115,8 @@ class AnchoredRunner:
 
     # -- one row's span --------------------------------------------------------------------------------
     def _span(self, request: Request, row: AnchoredRow) -> _Span:
-        if row.pending:
-            causal = self.causal_context or self.speculative or self.autoregressive
-            offsets = (len(row.pending) - 1,) if causal else ()
-            return _Span(request, row, "store", row.pending, causal, offsets)
-        offsets = tuple(self.rule.logit_offsets(row.block, 0))  # the positions the rule still decides
-        if self.speculative and not offsets:  # the draft is whole: verify all of it
-            return _Span(request, row, "verify", row.block, True, tuple(range(len(row.block))))
-        return _Span(request, row, "draft" if self.speculative else "denoise", row.block, False, offsets)
+        plan = self.rule.plan_span(row.pending, row.block, self.causal_context)
+        return _Span(request, row, plan, row.pending if plan.kind == "store" else row.block)
 
     def _step(self, spans: list[_Span]) -> SpanStep:
         logit_index, offset = [], 0
@@ -211,55 +214,39 @@ class AnchoredRunner:
         candidates, confidence = propose_tokens(logits, self.mask_id, sampling)
         candidates = blocks.index_put(at, candidates.view(-1))
         confidence = confidence.new_full(blocks.shape, float("-inf")).index_put(at, confidence.view(-1))
-        if self.speculative:
-            return torch.where(self.rule.draft(candidates, confidence, blocks), candidates, blocks)
         steps = torch.tensor([span.row.step_in_block for span in spans], device=device)
         return self.rule.step(BlockView(blocks, candidates, confidence, None, steps)).tokens
 
     def _advance(self, span: _Span, values: list[int], logprobs: list[TokenLogprob] | None) -> RowResult:
+        """Carry out what the row's rule reads from its step (``SpanReading``)."""
         row = span.row
-        if span.kind == "store":
-            row.context, row.pending = row.context + len(span.tokens), []
-            if self.autoregressive:
-                row.pending = values
-                return self._report(row, values, logprobs)
-            seed = values[:1]
-            if self.speculative:  # the prompt's next token is the first output token
-                result = self._report(row, seed, logprobs)
-                self._start_block(row, seed)
-                return result
-            self._start_block(row, seed)
-            row.block_logprobs = (logprobs or [None])[:1] + [None] * (len(row.block) - 1)
-            return RowResult(False, None, None)
-        if span.kind == "verify":
-            run = values[:self.rule.accepted(span.tokens, values)]
-            row.context += len(run)
-            result = self._report(row, run, logprobs[:len(run)] if logprobs else None)
-            self._start_block(row, run[-1:])
-            return result
-        if logprobs and span.kind == "denoise":  # a position's log-probability is the one it was written at
-            computed = dict(zip(span.logit_offsets, logprobs))
-            row.block_logprobs = [computed[j] if j in computed and values[j] != token else kept
-                                  for j, (token, kept) in enumerate(zip(span.tokens, row.block_logprobs))]
-        row.block, row.step_in_block, row.block_draws = values, row.step_in_block + 1, row.block_draws + 1
-        if span.kind == "draft" or not self._block_done(span.request, values):
-            return RowResult(False, None, None)
-        row.pending, row.block = values, None
-        return self._report(row, values, row.block_logprobs if logprobs else None)
+        stop_ids = self.stop_ids if span.request.params.stop_at_eos else None
+        reading = self.rule.read_span(span.plan, span.tokens, values, stop_ids)
+        emitted_logprobs = logprobs[:len(reading.emitted)] if logprobs and reading.emitted is not None else None
+        if span.kind in ("denoise", "draft"):
+            if logprobs and span.kind == "denoise":  # a position's log-probability is the one it was written at
+                computed = dict(zip(span.logit_offsets, logprobs))
+                row.block_logprobs = [computed[j] if j in computed and values[j] != token else kept
+                                      for j, (token, kept) in enumerate(zip(span.tokens, row.block_logprobs))]
+                emitted_logprobs = row.block_logprobs
+            row.step_in_block, row.block_draws = row.step_in_block + 1, row.block_draws + 1
+        row.context, row.pending, row.block = row.context + reading.kept, reading.pending or [], reading.block
+        result = (self._report(row, reading.emitted, emitted_logprobs) if reading.emitted is not None
+                  else RowResult(False, None, None))
+        if reading.seed is not None:
+            self._start_block(row, reading.seed)
+            if reading.emitted is None:  # the seed's log-probability opens the block's
+                row.block_logprobs = (logprobs or [None])[:1] + [None] * (len(row.block) - 1)
+        return result
 
     def _start_block(self, row: AnchoredRow, seed: list[int]) -> None:
-        """The next active block: its seed, then masks. A speculative row drafts no further than its
-        answer can use (greedy speculation is lossless, so a shorter draft changes no token)."""
+        """The next active block: its seed, then masks. A row that drafts to its budget drafts no further than
+        its answer can use (greedy speculation is lossless, so a shorter draft changes no token)."""
         length = self.block_length
-        if self.speculative:
+        if self.rule.drafts_to_budget:
             length = max(1, min(length, row.max_new_tokens - row.generated + len(seed)))
         row.block = seed + [self.mask_id] * (length - len(seed))
         row.step_in_block = 0
-
-    def _block_done(self, request: Request, block: list[int]) -> bool:
-        """The rule makes the block final, or (the checkpoint's own loop) it ends at a stop token."""
-        return self.rule.read_row(block).final or (
-            request.params.stop_at_eos and self.rule.ends_at_stop(block, self.stop_ids))
 
     def _report(self, row: AnchoredRow, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> RowResult:
         row.generated += len(tokens)
