@@ -214,7 +214,7 @@ class BlockServeEngine:
         """Stats of a step that ran rows, taken before its results change the requests."""
         if not scheduled.num_rows:
             return
-        rows = (*scheduled.refresh, *scheduled.window)
+        rows = (*scheduled.starting, *scheduled.continuing)
         self.stats_collector.record_step(
             output.record, useful_rows=sum(request.adds_to_output for request in rows),
             unfinished_requests=sum(request.adds_to_output for request in self.scheduler.running),

@@ -13,7 +13,7 @@ def chat(text: str) -> list[dict]:
 
 
 class StepRecorder:
-    """Wraps the runner to see every step that runs rows: block indices, refresh/window rows, box, and the
+    """Wraps the runner to see every step that runs rows: block indices, starting and continuing rows, box, and the
     widest row the scheduler gave it."""
 
     def __init__(self, engine):
@@ -21,13 +21,13 @@ class StepRecorder:
         execute = engine.runner.execute
 
         def recording_execute(scheduled):
-            refresh, window = scheduled.refresh, scheduled.window
-            block_indices = [r.block_index for r in (*refresh, *window)]
-            widest = max((r.width for r in (*refresh, *window)), default=0)
+            starting, continuing = scheduled.starting, scheduled.continuing
+            block_indices = [r.block_index for r in (*starting, *continuing)]
+            widest = max((r.width for r in (*starting, *continuing)), default=0)
             output = execute(scheduled)
             if scheduled.num_rows:
-                self.steps.append({"block_indices": block_indices, "refresh": {r.request_id for r in refresh},
-                                   "window": {r.request_id for r in window},
+                self.steps.append({"block_indices": block_indices, "starting": {r.request_id for r in starting},
+                                   "continuing": {r.request_id for r in continuing},
                                    "box": output.record.bounding_box_tokens, "rows": output.record.rows,
                                    "widest": widest})
             return output
@@ -39,9 +39,9 @@ class StepRecorder:
         return any(len(set(step["block_indices"])) > 1 for step in self.steps)
 
     @property
-    def saw_block_starts_beside_window_steps(self) -> bool:
-        """Some row started a block (refresh) while others continued theirs, in the same step."""
-        return any(step["refresh"] and step["window"] for step in self.steps)
+    def saw_block_starts_beside_continuing_rows(self) -> bool:
+        """Some row started a block while others continued theirs, in the same step."""
+        return any(step["starting"] and step["continuing"] for step in self.steps)
 
 
 def mixed_workload(rows, count=16):

@@ -80,7 +80,7 @@ def runner_output(scheduled: SchedulerOutput, complete: Mapping[str, list[int] |
     finished its block (with the given tokens, or ``block_of`` it for ``True`` / a bare id; ``False``:
     not yet; its first ``EOS`` is the stop token); a row in ``stops`` finished its block with ``EOS`` at
     the given index. Every other row still has masks left."""
-    rows = {request.request_id: request for request in (*scheduled.refresh, *scheduled.window)}
+    rows = {request.request_id: request for request in (*scheduled.starting, *scheduled.continuing)}
     complete = dict(complete) if isinstance(complete, Mapping) else dict.fromkeys(complete, True)
     stops = stops or {}
     unknown = (set(complete) | set(stops)) - set(rows)
@@ -100,8 +100,8 @@ class Step:
     number: int  # 0-based, within its ``drive``
     now: float
     admitted: tuple[str, ...]  # joined at this step
-    refresh: tuple[str, ...]  # started a block (admitted ones too)
-    window: tuple[str, ...]  # continued their block
+    starting: tuple[str, ...]  # started a block (admitted ones too)
+    continuing: tuple[str, ...]  # continued their block
     waiting: tuple[str, ...]  # running, but computed nothing: held between blocks
     pending: tuple[str, ...]  # still queued after admission
     box: int  # rows x widest row: the bounding box the step computes
@@ -112,7 +112,7 @@ class Step:
 
     @property
     def rows(self) -> tuple[str, ...]:
-        return self.refresh + self.window
+        return self.starting + self.continuing
 
 
 class Trace(list):
@@ -148,12 +148,13 @@ def drive(scheduler: Scheduler, steps: int | None = None, *, completes_after: in
         assert number < 10_000, "drive() went on for 10,000 steps: a request never leaves"
         clock = now + number * tick
         scheduled = scheduler.schedule(clock)
-        ran = (*scheduled.refresh, *scheduled.window)
+        ran = (*scheduled.starting, *scheduled.continuing)
         held = _ids(request for request in scheduler.running if request not in ran)
         update = scheduler.update(_played_output(scheduled, completes_after, stops or {}))
         trace.append(Step(
-            number=number, now=clock, admitted=_ids(scheduled.admitted), refresh=_ids(scheduled.refresh),
-            window=_ids(scheduled.window), waiting=held, pending=_ids(request for _, request in scheduler.pending),
+            number=number, now=clock, admitted=_ids(scheduled.admitted), starting=_ids(scheduled.starting),
+            continuing=_ids(scheduled.continuing), waiting=held,
+            pending=_ids(request for _, request in scheduler.pending),
             box=len(ran) * max((request.width for request in ran), default=0),
             real_tokens=sum(request.width for request in ran), completed=tuple(update.new_token_ids),
             finished=_ids(update.finished), new_token_ids=update.new_token_ids))
@@ -165,7 +166,7 @@ def drive(scheduler: Scheduler, steps: int | None = None, *, completes_after: in
 def _played_output(scheduled: SchedulerOutput, completes_after: int | Mapping[str, int],
                    stops: Mapping[str, int]) -> RunnerOutput:
     """The runner's part in ``drive``: which rows complete their block at this step, and with a stop."""
-    done = [request for request in (*scheduled.refresh, *scheduled.window) if request.step_in_block + 1 >= (
+    done = [request for request in (*scheduled.starting, *scheduled.continuing) if request.step_in_block + 1 >= (
         completes_after if isinstance(completes_after, int) else completes_after.get(request.request_id, 1))]
     stopping = {request.request_id: STOP_AT for request in done if stops.get(request.request_id) == request.block_index}
     return runner_output(scheduled, complete=[r.request_id for r in done if r.request_id not in stopping],

@@ -47,7 +47,7 @@ def test_batched_requests_equal_the_reference_decoder_alone(tiny_engine_factory,
     outputs = engine.generate(prompts, [SamplingParams(max_new_tokens=cap) for cap in caps])
     assert recorder.saw_mixed_batch, "rows never sat at different block indices in one step"
     if schedule == "continuous" and cache != "none" and decoding != "quota":
-        assert recorder.saw_block_starts_beside_window_steps
+        assert recorder.saw_block_starts_beside_continuing_rows
     assert_matches_reference(engine, outputs, caps)
 
 

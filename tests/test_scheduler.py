@@ -47,7 +47,7 @@ def test_a_row_that_completes_its_block_starts_the_next_one_at_step_zero():
     scheduler.update(runner_output(scheduler.schedule(0.0), complete={"r0": [5, 6, 7, 8]}))
     assert (request.step_in_block, request.between_blocks) == (0, True)
     scheduled = scheduler.schedule(0.0)
-    assert scheduled.refresh == [request] and request.between_blocks  # schedule() changes no row state
+    assert scheduled.starting == [request] and request.between_blocks  # schedule() changes no row state
 
 
 def test_a_leaving_request_is_finished_by_its_stop_token_its_cap_or_an_abort():

@@ -23,7 +23,7 @@ def test_a_complete_row_never_waits_for_another_under_the_continuous_schedule():
     requests = make_requests(prompt_lengths=[2 + n % 5 for n in range(12)], caps=[4 * (1 + n % 3) for n in range(12)])
     trace = drive(make_scheduler(max_batch_size=4, requests=requests), completes_after=MIXED_STEPS)
     assert all(step.waiting == () for step in trace)
-    assert any(step.refresh and step.window for step in trace), "no row started a block beside window rows"
+    assert any(step.starting and step.continuing for step in trace), "no row started a block beside others"
 
 
 @pytest.mark.parametrize("schedule", ["continuous", "block_sync"])
@@ -45,14 +45,14 @@ def test_finished_request_is_evicted_at_the_end_of_the_block_that_committed_eos(
         assert request.output_blocks == eos_block + 1 == finished_with[request.request_id]
 
 
-@pytest.mark.parametrize("schedule,second_step", [("continuous", {"refresh": ("r0",), "window": ("r1",)}),
-                                                  ("block_sync", {"waiting": ("r0",), "window": ("r1",)})])
+@pytest.mark.parametrize("schedule,second_step", [("continuous", {"starting": ("r0",), "continuing": ("r1",)}),
+                                                  ("block_sync", {"waiting": ("r0",), "continuing": ("r1",)})])
 def test_a_row_between_blocks_starts_its_next_block_at_once_or_waits_for_the_boundary(schedule, second_step):
     scheduler = make_scheduler(schedule=schedule, requests=make_requests(caps=[8, 8]))
     trace = drive(scheduler, 4, completes_after={"r0": 1, "r1": 3})
     assert all(getattr(trace[1], what) == ids for what, ids in second_step.items())
     if schedule == "block_sync":  # r1 completes its block at step 2: both start block 1 together
-        assert trace[2].waiting == ("r0",) and trace[3].refresh == ("r0", "r1")
+        assert trace[2].waiting == ("r0",) and trace[3].starting == ("r0", "r1")
 
 
 @pytest.mark.parametrize("schedule,r0_leaves_at,r2_joins_at", [("continuous", 0, 1), ("block_sync", 2, 3)])
@@ -75,7 +75,7 @@ def test_a_static_batch_walks_every_block_in_lock_step_and_leaves_together():
     requests = make_requests(caps=[4, 12, 8])
     trace = drive(make_scheduler(schedule="static", requests=requests), completes_after={"r0": 1, "r1": 2, "r2": 2},
                   stops={"r2": 0})
-    assert [step.refresh for step in trace if step.refresh] == [("r0", "r1", "r2")] * 3  # 3 blocks: r1's cap
+    assert [step.starting for step in trace if step.starting] == [("r0", "r1", "r2")] * 3  # 3 blocks: r1's cap
     assert [step.waiting for step in trace] == [(), ("r0",)] * 3  # r0's blocks take 1 step, the others' 2
     assert [step.finished for step in trace] == [()] * 5 + [("r0", "r1", "r2")]
     assert [request.output_blocks for request in requests] == [1, 3, 1]  # trimmed at its cap, at its EOS

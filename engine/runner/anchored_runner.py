@@ -95,7 +95,7 @@ class AnchoredRunner:
                                                         pending=list(request.prompt_token_ids[cached:]))
         if self.prefix_cache is not None and scheduled.admitted:
             self.prefix_cache.claim(scheduled.admitted, [self.rows[r.request_id].slot for r in scheduled.admitted])
-        requests = [*scheduled.refresh, *scheduled.window]
+        requests = [*scheduled.starting, *scheduled.continuing]
         if not requests:
             return RunnerOutput(rows={}, model_time_s=0.0)
         started = time.perf_counter()

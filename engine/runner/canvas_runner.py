@@ -100,10 +100,10 @@ class CanvasRunner:
         if self.prefix_cache is not None and scheduled.admitted:
             for request, pages in zip(scheduled.admitted, self.prefix_cache.claim(scheduled.admitted)):
                 self.rows[request.request_id].pages = pages
-        requests = [*scheduled.refresh, *scheduled.window]
+        requests = [*scheduled.starting, *scheduled.continuing]
         if not requests:
             return RunnerOutput(rows={}, model_time_s=0.0)
-        for request in scheduled.refresh:
+        for request in scheduled.starting:
             self._start_canvas(self.rows[request.request_id])
         started = time.perf_counter()
         step, record = self._inputs(requests)

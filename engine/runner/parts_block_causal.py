@@ -24,8 +24,8 @@ class BlockCausalParts:
         the window, storing the block it finished; an admitted row whose prompt starts with cached blocks
         computes the rest of its prompt in the window too."""
         prefills = {id(request) for request in scheduled.admitted if not request.cached_prefix}
-        window = [*scheduled.window, *(r for r in scheduled.refresh if id(r) not in prefills)]
-        return [r for r in scheduled.refresh if id(r) in prefills], window
+        window = [*scheduled.continuing, *(r for r in scheduled.starting if id(r) not in prefills)]
+        return [r for r in scheduled.starting if id(r) in prefills], window
 
     def whole_rows(self, batch: PersistentBatch, rows: Sequence[Request], slots: torch.Tensor,
                    block_starts: torch.Tensor) -> RefreshPart:

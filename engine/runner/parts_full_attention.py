@@ -20,11 +20,11 @@ from engine.scheduling.request import Request
 
 class FullAttentionParts:
     def assign(self, batch: PersistentBatch, scheduled: SchedulerOutput) -> tuple[list[Request], list[Request]]:
-        """(whole rows, window rows) of a step: the scheduler's refresh and window rows, or with no cache
+        """(whole rows, window rows) of a step: the scheduler's starting and continuing rows, or with no cache
         every row whole."""
         if batch.kv_cache is None:
-            return [*scheduled.refresh, *scheduled.window], []
-        return list(scheduled.refresh), list(scheduled.window)
+            return [*scheduled.starting, *scheduled.continuing], []
+        return list(scheduled.starting), list(scheduled.continuing)
 
     def whole_rows(self, batch: PersistentBatch, rows: Sequence[Request], slots: torch.Tensor,
                    block_starts: torch.Tensor) -> RefreshPart:

@@ -34,13 +34,13 @@ from engine.scheduling.trace import ForwardRecord
 class SchedulerOutput:
     """What runs at the next step. The requests are the scheduler's own live objects, not copies."""
 
-    refresh: list[Request] = field(default_factory=list)  # rows starting a block (admitted ones too)
-    window: list[Request] = field(default_factory=list)  # rows continuing their block
+    starting: list[Request] = field(default_factory=list)  # rows starting a block (admitted ones too)
+    continuing: list[Request] = field(default_factory=list)  # rows continuing their block
     admitted: list[Request] = field(default_factory=list)  # rows that need a slot before this step
 
     @property
     def num_rows(self) -> int:
-        return len(self.refresh) + len(self.window)
+        return len(self.starting) + len(self.continuing)
 
 
 @dataclass(frozen=True)

@@ -87,9 +87,9 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             request.first_scheduled_time = now
         starting = [r for r in self.running if r.between_blocks] if self.policy.starts_blocks(self) else []
-        window = [r for r in self.running if not r.between_blocks]
+        continuing = [r for r in self.running if not r.between_blocks]
         self.running.extend(admitted)
-        return SchedulerOutput(refresh=starting + admitted, window=window, admitted=admitted)
+        return SchedulerOutput(starting=starting + admitted, continuing=continuing, admitted=admitted)
 
     def admit_into_box(self, now: float) -> list[Request]:
         """Fits-the-box first, then grow the box. A request overdue for ``max_wait_s`` goes first; while
