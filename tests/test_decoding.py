@@ -84,11 +84,12 @@ def test_fast_dllm_factor_rule_passes_a_confidence_equal_to_its_threshold():
     assert commits(make_rule("factor_prefix", factor=1.0), confidence) == [True, True, False, False, False]
 
 
-def test_fast_dllm_dream_decoding_commits_only_the_first_position_at_a_blocks_first_step():
+def test_shifted_decoding_commits_a_blocks_first_position_alone_while_it_is_masked():
     rule = make_rule("threshold", threshold=0.9, first_step_first_position=True)
     confidence = [0.2, 0.99, 0.95, 0.3]
     assert commits(rule, confidence, step=0) == [True, False, False, False]
-    assert commits(rule, confidence, step=1) == [False, True, True, False]
+    assert commits(rule, confidence, [False, True, True, True], step=1) == [False, True, True, False]
+    assert commits(rule, confidence, [False, True, True, True], step=0) == [False, True, True, False]  # a lead
 
 
 def test_step_cap_commits_everything_left_at_the_last_allowed_step():

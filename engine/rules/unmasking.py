@@ -5,9 +5,10 @@ positions of a row's active block take their candidates now (:meth:`UnmaskingRul
 adds what they all do around that choice:
 
 * MASK is never a candidate token (``engine.rules.proposals``), and rows without masks commit nothing.
-* A family with shifted logits decoded as Fast-dLLM does (``first_step_first_position``) commits only the
-  block's first position at a block's first step (Dream's own sampler has no such step, so ``dream``
-  needs the "lookback" windows there).
+* A family with shifted logits decoded as Fast-dLLM does (``first_step_first_position``) commits a block's
+  first position alone while it is a mask, at the block's first step: Fast-dLLM's Dream windows cannot see
+  the column that predicts it at later steps, and Fast-dLLM v2 seeds each block with it before the others
+  (Dream's own sampler has no such step, so ``dream`` needs the "lookback" windows there).
 * The last allowed step (``steps_per_block``, or ``block_length`` at most) commits whatever is still
   masked, each with its best non-MASK token.
 * The block is final once it holds no mask.
@@ -66,13 +67,13 @@ class UnmaskingRule(BlockRule):
     def select(self, confidence: torch.Tensor, masked: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
         """Which masked positions to commit now: bool ``[rows, block]``.
 
-        step [rows]: 0-based denoising step within the current block (which starts all masks). Rows without
-        masks commit nothing. At the last allowed step every masked position commits."""
+        step [rows]: 0-based denoising step within the current block. Rows without masks commit nothing. At
+        the last allowed step every masked position commits."""
         commit = self.choose(confidence, masked, step)
         if self.first_step_first_position:
             first_only = torch.zeros_like(masked)
             first_only[:, 0] = masked[:, 0]
-            commit = torch.where((step == 0)[:, None], first_only, commit)
+            commit = torch.where(masked[:, :1], first_only, commit)
         last_step = self.steps_per_block or masked.shape[-1]
         return commit | (masked & (step + 1 >= last_step)[:, None])
 
