@@ -32,7 +32,6 @@ or bias cannot go unnoticed. Each directory is about 100-200 KB.
 from __future__ import annotations
 
 import json
-import string
 import sys
 import tempfile
 from pathlib import Path
@@ -45,8 +44,8 @@ from transformers import PreTrainedTokenizerFast
 from engine.models.config import MoEConfig, TransformerConfig
 from engine.models.families import FAMILIES, CheckpointIds, family_named
 from engine.models.moe import Router
-from engine.models.transformer import BidirectionalTransformer
 from scripts import make_nemotron_fixture as nemotron
+from scripts.fixture_parts import CHARACTERS, build_chat_tokenizer, random_model, sharpened
 from scripts.make_gemma_fixture import make_diffusion_gemma
 from tinylm import tokenizer as llada_tokenizer
 from tinylm.export import save_checkpoint
@@ -68,10 +67,8 @@ LLADA2_CHAT_TEMPLATE = (
     "{% for message in messages %}<role>{{ 'HUMAN' if message['role'] == 'user' else message['role'] | upper }}"
     "</role>{{ message['content'] }}<|role_end|>{% endfor %}"
     "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}")
-SHARPEN = 20.0
 
 LLADA_SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-CHARACTERS = tuple(c for c in string.printable if c not in "\x0b\x0c\r")  # the fixtures' character order
 
 
 def llada_transformer_config(vocab_size: int) -> TransformerConfig:
@@ -113,41 +110,8 @@ def build_llada_tokenizer() -> PreTrainedTokenizerFast:
     return llada_tokenizer.with_llada_specials(core)
 
 
-def build_chat_tokenizer(specials: tuple[str, ...], mask: str, template: str) -> PreTrainedTokenizerFast:
-    """The character tokenizer with a family's special tokens placed after the ordinary vocab (as
-    Qwen's are), ``<|endoftext|>`` as EOS and pad."""
-    vocab = {token: index for index, token in enumerate(CHARACTERS + specials)}
-    core = Tokenizer(models.WordLevel(vocab, unk_token=DREAM_UNK))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core, eos_token=DREAM_EOS, pad_token=DREAM_EOS, unk_token=DREAM_UNK,
-        mask_token=mask, additional_special_tokens=[t for t in specials if t not in (DREAM_EOS, DREAM_UNK, mask)],
-        padding_side="left")
-    tokenizer.chat_template = template
-    return tokenizer
-
-
 def build_dream_tokenizer() -> PreTrainedTokenizerFast:
     return build_chat_tokenizer(DREAM_SPECIAL_TOKENS, DREAM_MASK, DREAM_CHAT_TEMPLATE)
-
-
-def random_model(config: TransformerConfig, generator: torch.Generator) -> BidirectionalTransformer:
-    """Every parameter drawn from ``generator``: linear weights (stacked experts too) ~
-    U(+-1/sqrt(fan_in)), embeddings ~ N(0, 1), norm weights ~ 1 + 0.2 N(0, 1), biases ~ 0.1 N(0, 1)."""
-    model = BidirectionalTransformer(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name == "embed_tokens.weight":
-                param.copy_(torch.randn(param.shape, generator=generator))
-            elif name.endswith("norm.weight"):
-                param.copy_(1 + 0.2 * torch.randn(param.shape, generator=generator))
-            elif name.endswith(".bias"):
-                param.copy_(0.1 * torch.randn(param.shape, generator=generator))
-            else:
-                bound = param.shape[-1] ** -0.5
-                param.copy_((torch.rand(param.shape, generator=generator) * 2 - 1) * bound)
-    return model
 
 
 def shard_checkpoint(directory: Path) -> None:
@@ -205,18 +169,6 @@ def make_dream(directory: Path, generator: torch.Generator) -> None:
     write_json(directory / "generation_config.json", {
         "bos_token_id": ids["eos"], "eos_token_id": ids["eos"], "pad_token_id": ids["eos"],
         "mask_token_id": ids["mask"]})
-
-
-def sharpened(model: BidirectionalTransformer, mask_id: int) -> BidirectionalTransformer:
-    """The output head x SHARPEN, MASK's head row zeroed: confident, never MASK (a random model's
-    softmax is flat, and MASK could win). MASK's embedding is zeroed too, so a masked position's
-    prediction comes from its context: otherwise the MASK input dominates and every masked position
-    predicts the same token, and every decoding rule commits the same way."""
-    with torch.no_grad():
-        model.lm_head.weight.mul_(SHARPEN)
-        model.lm_head.weight[mask_id] = 0
-        model.embed_tokens.weight[mask_id] = 0
-    return model
 
 
 def make_sdar(directory: Path, generator: torch.Generator) -> None:
