@@ -44,7 +44,7 @@ from transformers import PreTrainedTokenizerFast
 from engine.models.config import MoEConfig, TransformerConfig
 from engine.models.families import FAMILIES, CheckpointIds, family_named
 from engine.models.moe import Router
-from scripts import make_nemotron_fixture as nemotron
+from scripts import make_fast_dllm_fixture as fast_dllm, make_nemotron_fixture as nemotron
 from scripts.fixture_parts import CHARACTERS, build_chat_tokenizer, random_model, sharpened
 from scripts.make_gemma_fixture import make_diffusion_gemma
 from tinylm import tokenizer as llada_tokenizer
@@ -212,9 +212,9 @@ def make_nemotron(directory: Path, generator: torch.Generator) -> None:
         nemotron.SPECIAL_TOKENS, nemotron.MASK, ""))
 
 
-MAKERS = {"llada": make_llada, "dream": make_dream, "sdar": make_sdar, "llada2": make_llada2,
-          "diffusion_gemma": make_gemma, "nemotron_labs_diffusion": make_nemotron}  # by family name: every family of
-# the registry has its fixture, written in the registry's order
+MAKERS = {"llada": make_llada, "dream": make_dream, "sdar": make_sdar, "llada2": make_llada2,  # by family name:
+          "diffusion_gemma": make_gemma, "nemotron_labs_diffusion": make_nemotron,  # every family of the registry
+          "fast_dllm_v2": fast_dllm.make_fast_dllm_v2}  # has its fixture, written in the registry's order
 
 
 def make_fixtures(out_dir: Path | str = DEFAULT_OUT, names: tuple[str, ...] = ()) -> tuple[Path, ...]:

@@ -52,7 +52,9 @@ def test_the_trained_block_given_explicitly_runs_without_a_warning(caplog):
     assert not caplog.records
 
 
-def test_a_block_causal_family_with_a_logit_shift_is_refused_at_load_naming_why(monkeypatch):
-    monkeypatch.setattr(sdar, "LOGIT_SHIFT", 1)  # a future family with both (Fast-dLLM v2 shifts its logits)
-    with pytest.raises(ValueError, match=r"sdar attends block-causally with logits shifted by 1.*wrong tokens"):
-        load_model(FIXTURES / "tiny-sdar")
+def test_a_block_causal_family_with_a_logit_shift_runs_on_the_shifted_block_runner(monkeypatch):
+    monkeypatch.setattr(sdar, "LOGIT_SHIFT", 1)  # as Fast-dLLM v2's: a block's first position is read one column left
+    lm = load_model(FIXTURES / "tiny-sdar")
+    assert lm.layout.runner == "shifted_blocks"
+    with pytest.raises(ValueError, match="shifted_decoding: 'lookback'"):
+        BlockServeEngine(lm, EngineConfig(shifted_decoding="lookback"))

@@ -41,7 +41,6 @@ def test_block_causal_families_are_detected_by_architecture_or_model_type(config
 @pytest.mark.parametrize("config, named", [
     ({"architectures": ["SDARMoeForCausalLM"], "model_type": "sdar_moe"}, "SDAR-MoE"),
     ({"architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe_veomni"}, "llada2_moe_veomni"),
-    ({"architectures": ["Fast_dLLM_QwenForCausalLM"], "model_type": "Fast_dLLM_Qwen"}, "Fast-dLLM v2"),
     ({"architectures": ["NemotronLabsDiffusionVLModel"], "model_type": "nemotron_labs_diffusion_vlm"},
      "only the text model NemotronLabsDiffusionModel"),
 ])

@@ -13,10 +13,11 @@ A family's layout is one of two kinds:
   once; the active block starts right after it, seeded by the context's next token, and is denoised
   bidirectionally over it. A row sits left-aligned and runs on its own runner (``engine.runner.anchored_runner``),
   which also runs it autoregressively or by linear speculation.
-* **Block-causal** (SDAR, LLaDA2): a position attends to its own block and every block before it, over
-  blocks of the size the model was trained with, counted from the prompt's first token. A row sits
+* **Block-causal** (SDAR, LLaDA2, Fast-dLLM v2): a position attends to its own block and every block before
+  it, over blocks of the size the model was trained with, counted from the prompt's first token. A row sits
   left-aligned (column = position), the first answer block holds the prompt's last ``lead`` tokens,
-  and a finished block's keys and values are written once (finished blocks are *stored*).
+  and a finished block's keys and values are written once (finished blocks are *stored*). A family whose
+  logits are shifted (Fast-dLLM v2) runs on the shifted block runner (``engine.runner.shifted_block_causal``).
 
 Nothing outside this module compares row kinds: it asks a :class:`RowLayout` what it needs.
 """
@@ -47,10 +48,6 @@ class RowLayout:
     def __post_init__(self) -> None:
         if self.row_kind not in ROW_KINDS:
             raise ValueError(f"row_kind must be one of {ROW_KINDS}, got {self.row_kind!r}")
-        if self.block_causal and self.logit_shift:
-            raise ValueError(f"{self.family} attends block-causally with logits shifted by {self.logit_shift}: the "
-                             "block-causal steps read each token's logits at its own column and would decode "
-                             "wrong tokens, so this engine refuses the combination")
         if self.row_kind != "bidirectional" and not self.trained_block:
             raise ValueError(f"{self.family}'s rows are {self.row_kind} but it names no trained block size")
 
@@ -72,6 +69,8 @@ class RowLayout:
     @property
     def runner(self) -> str:
         """The runner its rows step on (``engine.runner.interface.runner_class``)."""
+        if self.block_causal and self.logit_shift:
+            return "shifted_blocks"
         return "canvas" if self.decodes_canvases else "anchored" if self.anchored else "blocks"
 
     @property
@@ -155,6 +154,10 @@ class RowLayout:
         if config.cache not in self.caches:
             return (f"EngineConfig.cache: {config.cache!r} is a cache mode of full-attention families; "
                     f"{self.family} attends block-causally and caches each finished block: leave cache at 'dual'")
+        if self.block_causal and self.logit_shift and config.shifted_decoding != "fast-dllm":
+            return (f"EngineConfig.shifted_decoding: {config.shifted_decoding!r} widens full-attention windows; "
+                    f"{self.family} predicts a block's first position from the stored block before it: leave it "
+                    "at 'fast-dllm'")
         if not config.causal_context and not self.anchored:
             return (f"EngineConfig.causal_context=False: {self.family} has no causal context to switch off; the "
                     "setting is Nemotron-Labs-Diffusion's")

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.models.families import diffusion_gemma, dream, llada, llada2, nemotron_labs_diffusion, sdar
+from engine.models.families import (
+    diffusion_gemma,
+    dream,
+    fast_dllm_v2,
+    llada,
+    llada2,
+    nemotron_labs_diffusion,
+    sdar,
+)
 from engine.models.families.unserved import unserved_diffusion_model
 from engine.models.family import CheckpointIds, Family
 
 FAMILIES: tuple[Family, ...] = (llada.FAMILY, dream.FAMILY, sdar.FAMILY, llada2.FAMILY, diffusion_gemma.FAMILY,
-                                 nemotron_labs_diffusion.FAMILY)
+                                 nemotron_labs_diffusion.FAMILY, fast_dllm_v2.FAMILY)
 
 __all__ = ["FAMILIES", "CheckpointIds", "Family", "detect_family", "family_named", "served"]
 

@@ -14,6 +14,4 @@ def unserved_diffusion_model(config: dict) -> str | None:
     if "nemotron" in names and "diffusion" in names and "NemotronLabsDiffusionModel" not in architectures:
         return (f"a Nemotron diffusion variant ({', '.join(architectures) or model_type}); of that family only "
                 "the text model NemotronLabsDiffusionModel is served")
-    if "fast_dllm" in names:
-        return f"Fast-dLLM v2 ({', '.join(architectures) or model_type})"
     return None

@@ -1,0 +1,76 @@
+"""The block runner of a block-causal family whose logits are shifted by one (Fast-dLLM v2).
+
+Such a model predicts position i from the hidden state at i - 1, so every part reads hidden states one column
+to the left of the positions it decodes. A block's first position is predicted by the last column of the block
+before it, which the step that starts the block computes anyway: the prefill computes the prompt with the
+first block, and a window that starts a block stores the finished one in front of it::
+
+    window that starts block k:   [ block k-1 (stored now) | M M M M ]     offset 0 reads block k-1's last column
+    later windows of block k:     [ s M c M ]                              offset j reads offset j - 1
+
+A row admitted on a cached prefix that covers its whole prompt computes its prompt's last column again, so
+that its first step sees it. The model's own loop takes that first position's argmax even when the row samples
+(its rule commits the position alone while it is a mask, ``engine.rules.unmasking``), so sampled rows get the
+argmax there too.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from engine.config import EngineConfig
+from engine.models.loader import DiffusionLM
+from engine.models.step_inputs import RefreshPart, WindowPart
+from engine.rules.base import BlockRule
+from engine.runner.batch import PersistentBatch
+from engine.runner.batch_inputs import StepBatch
+from engine.runner.block_runner import BlockRunner
+from engine.runner.parts_block_causal import BlockCausalParts
+from engine.scheduling.outputs import SchedulerOutput
+from engine.scheduling.request import Request
+
+
+class ShiftedBlockCausalParts(BlockCausalParts):
+    """Block-causal parts that read each decoded position's hidden state one column to its left."""
+
+    def assign(self, batch: PersistentBatch, scheduled: SchedulerOutput) -> tuple[list[Request], list[Request]]:
+        for request in scheduled.admitted:
+            if request.cached_prefix and request.cached_prefix == batch.block_start(request):
+                request.cached_prefix -= 1  # its first answer position is predicted at the prompt's last column
+        return super().assign(batch, scheduled)
+
+    def whole_rows(self, batch: PersistentBatch, rows: Sequence[Request], slots: torch.Tensor,
+                   block_starts: torch.Tensor) -> RefreshPart:
+        part = super().whole_rows(batch, rows, slots, block_starts)
+        return dataclasses.replace(part, read_columns=_left(part.read_columns))
+
+    def window_rows(self, batch: PersistentBatch, rows: Sequence[Request], slots: torch.Tensor,
+                    block_starts: torch.Tensor) -> WindowPart:
+        part = super().window_rows(batch, rows, slots, block_starts)
+        if part.read_columns is not None:
+            return dataclasses.replace(part, read_columns=_left(part.read_columns))
+        return dataclasses.replace(part, read_shift=1)
+
+
+def _left(columns: torch.Tensor) -> torch.Tensor:
+    """The columns one to the left; a first block's column 0 (a prompt token, never decoded) reads itself."""
+    return (columns - 1).clamp(min=0)
+
+
+class ShiftedBlockRunner(BlockRunner):
+    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: BlockRule):
+        super().__init__(lm, config, max_row_width, rule)
+        self.parts = ShiftedBlockCausalParts()
+
+    def _propose(self, inputs: StepBatch, hidden: torch.Tensor, at: tuple[torch.Tensor, torch.Tensor]
+                 ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
+        """As the block runner's, with a block's first position proposed by its argmax (never MASK) in every row."""
+        logits, (candidates, confidence) = super()._propose(inputs, hidden, at)
+        if inputs.sampled is None or logits is None:
+            return logits, (candidates, confidence)
+        firsts = (inputs.positions.offsets == 0)[:, None]  # [positions, 1]: a rule asks for it only while masked
+        greedy = logits.index_fill(-1, torch.tensor([self.lm.special_ids.mask_id], device=logits.device),
+                                   float("-inf")).argmax(dim=-1)
+        return logits, (torch.where(firsts, greedy, candidates), confidence)
