@@ -89,15 +89,16 @@ def test_a_sampled_block_starts_with_the_stored_contexts_argmax(lm):
     assert [o.token_ids for o in sampled] != [o.token_ids for o in greedy] * 2  # the rest is sampled
 
 
-def test_a_prompt_of_whole_cached_blocks_decodes_as_without_the_cache(lm):
-    """The prefix cache holds the 64-token prompt's two blocks; the second request recomputes its last column,
-    which predicts its first answer token."""
-    prompt = next(prompt for prompt in PROMPTS if len(prompt) == 64)
+@pytest.mark.parametrize("length, reused", [(64, 63), (45, 32)])
+def test_a_prompt_on_cached_blocks_decodes_as_without_the_cache(lm, length, reused):
+    """The prefix cache holds a prompt's whole blocks. A prompt of whole blocks computes its last column again:
+    it predicts the first answer token. A prompt with a tail reuses them all."""
+    prompt = next(prompt for prompt in PROMPTS if len(prompt) == length)
     params = SamplingParams(max_new_tokens=12, stop_at_eos=False)
     cached = BlockServeEngine(lm, settings(0.9, 8, enable_prefix_caching=True))
     first, second = (cached.generate([prompt], params)[0] for _ in range(2))
     plain = BlockServeEngine(lm, settings(0.9, 8, enable_prefix_caching=False)).generate([prompt], params)[0]
-    assert second.num_cached_tokens == 63 and first.token_ids == second.token_ids == plain.token_ids
+    assert second.num_cached_tokens == reused and first.token_ids == second.token_ids == plain.token_ids
 
 
 @pytest.mark.parametrize("fields, problem", [

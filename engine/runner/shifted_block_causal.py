@@ -8,10 +8,10 @@ first block, and a window that starts a block stores the finished one in front o
     window that starts block k:   [ block k-1 (stored now) | M M M M ]     offset 0 reads block k-1's last column
     later windows of block k:     [ s M c M ]                              offset j reads offset j - 1
 
-A row admitted on a cached prefix that covers its whole prompt computes its prompt's last column again, so
-that its first step sees it. The model's own loop takes that first position's argmax even when the row samples
-(its rule commits the position alone while it is a mask, ``engine.rules.unmasking``), so sampled rows get the
-argmax there too.
+A row admitted on a cached prefix that covers its whole prompt (a prompt of whole blocks) computes its prompt's
+last column again, so that its first step sees it. The model's own loop takes that first position's argmax even
+when the row samples (its rule commits the position alone while it is a mask, ``engine.rules.unmasking``), so
+sampled rows get the argmax there too.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class ShiftedBlockCausalParts(BlockCausalParts):
 
     def assign(self, batch: PersistentBatch, scheduled: SchedulerOutput) -> tuple[list[Request], list[Request]]:
         for request in scheduled.admitted:
-            if request.cached_prefix and request.cached_prefix == batch.block_start(request):
+            if request.cached_prefix and request.cached_prefix == batch.block_start(request) and not request.block_lead:
                 request.cached_prefix -= 1  # its first answer position is predicted at the prompt's last column
         return super().assign(batch, scheduled)
 
