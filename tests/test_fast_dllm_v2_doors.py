@@ -1,7 +1,7 @@
 """Fast-dLLM v2 through the doors, on the tiny checkpoint ``scripts.make_fast_dllm_fixture`` writes: the real
 OpenAIServer over a real EngineLoop (completions and chat, with the checkpoint's ChatML template), and
 ``map_batches(BlockServeActor)`` on the session's Ray cluster with the release's sub-blocks given as an engine
-setting. Answers equal ``engine.generate``."""
+setting. Answers equal ``engine.generate``; a seeded sample repeats and log-probabilities come with every token."""
 from __future__ import annotations
 
 import asyncio
@@ -42,6 +42,14 @@ def test_a_completion_and_a_chat_equal_engine_generate(server):
     assert chat.choices[0].message.content == expected[1].text
     markers = 2 * len("<|im_start|>") + len("<|im_end|>")
     assert chat.usage.prompt_tokens == len(templated) - markers + 3  # a marker is one token, a character another
+
+
+def test_a_seeded_sample_repeats_and_logprobs_come_with_each_token(server):
+    first, again = (complete(server, PROMPT, max_tokens=8, ignore_eos=True, temperature=0.9, seed=3) for _ in range(2))
+    assert first.choices[0].text == again.choices[0].text
+    answer = complete(server, PROMPT, max_tokens=6, ignore_eos=True, logprobs=2)
+    logprobs = answer.choices[0].logprobs
+    assert len(logprobs.token_logprobs) == 6 and all(logprob <= 0.0 for logprob in logprobs.token_logprobs)
 
 
 def test_map_batches_with_blockserve_actor_equals_engine_generate(ray_cluster, model_dir):
