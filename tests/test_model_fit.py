@@ -10,6 +10,8 @@ from engine.config import EngineConfig, SamplingParams
 from engine.engine import BlockServeEngine
 from engine.models.families import sdar
 from engine.models.loader import load_model
+from engine.runner.batch_inputs import step_parts
+from engine.runner.parts_shifted_block_causal import ShiftedBlockCausalParts
 from tests.conftest import FIXTURES
 
 
@@ -52,9 +54,9 @@ def test_the_trained_block_given_explicitly_runs_without_a_warning(caplog):
     assert not caplog.records
 
 
-def test_a_block_causal_family_with_a_logit_shift_runs_on_the_shifted_block_runner(monkeypatch):
+def test_a_block_causal_family_with_a_logit_shift_reads_its_logits_one_column_left(monkeypatch):
     monkeypatch.setattr(sdar, "LOGIT_SHIFT", 1)  # as Fast-dLLM v2's: a block's first position is read one column left
     lm = load_model(FIXTURES / "tiny-sdar")
-    assert lm.layout.runner == "shifted_blocks"
+    assert lm.layout.runner == "blocks" and isinstance(step_parts(lm.layout), ShiftedBlockCausalParts)
     with pytest.raises(ValueError, match="shifted_decoding: 'lookback'"):
         BlockServeEngine(lm, EngineConfig(shifted_decoding="lookback"))

@@ -17,7 +17,8 @@ A family's layout is one of two kinds:
   it, over blocks of the size the model was trained with, counted from the prompt's first token. A row sits
   left-aligned (column = position), the first answer block holds the prompt's last ``lead`` tokens,
   and a finished block's keys and values are written once (finished blocks are *stored*). A family whose
-  logits are shifted (Fast-dLLM v2) runs on the shifted block runner (``engine.runner.shifted_block_causal``).
+  logits are shifted (Fast-dLLM v2) reads each position's logits one column left
+  (``engine.runner.parts_shifted_block_causal``).
 
 Nothing outside this module compares row kinds: it asks a :class:`RowLayout` what it needs.
 """
@@ -69,8 +70,6 @@ class RowLayout:
     @property
     def runner(self) -> str:
         """The runner its rows step on (``engine.runner.interface.runner_class``)."""
-        if self.block_causal and self.logit_shift:
-            return "shifted_blocks"
         return "canvas" if self.decodes_canvases else "anchored" if self.anchored else "blocks"
 
     @property

@@ -29,6 +29,7 @@ from engine.runner.logit_positions import (
 from engine.runner.logit_processors import RowBias
 from engine.runner.parts_block_causal import BlockCausalParts
 from engine.runner.parts_full_attention import FullAttentionParts
+from engine.runner.parts_shifted_block_causal import ShiftedBlockCausalParts
 from engine.scheduling.outputs import SchedulerOutput
 from engine.scheduling.request import Request
 from engine.scheduling.trace import ForwardRecord
@@ -54,7 +55,9 @@ STEP_PARTS: dict[str, type] = {"bidirectional": FullAttentionParts, "block_causa
 
 
 def step_parts(layout: RowLayout) -> StepParts:
-    """The parts of a block runner's step, by the layout's row kind."""
+    """The parts of a block runner's step, by the layout's row kind (shifted logits: read one column left)."""
+    if layout.block_causal and layout.logit_shift:
+        return ShiftedBlockCausalParts()
     return STEP_PARTS[layout.row_kind]()
 
 

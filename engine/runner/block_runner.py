@@ -20,6 +20,7 @@ from engine.rules.proposals import Sampling, gumbel_noise, propose_tokens
 from engine.runner.batch import PersistentBatch
 from engine.runner.batch_inputs import StepBatch, prepare_inputs, step_parts
 from engine.runner.logit_processors import apply_logit_bias, token_logprobs
+from engine.runner.parts_shifted_block_causal import greedy_block_starts
 from engine.runner.prefix_cache import PrefixCache, prefix_cache_blocks
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
@@ -119,7 +120,10 @@ class BlockRunner:
             logits = apply_logit_bias(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32),
                                       inputs.bias.rows, inputs.bias.values)
         sampling = self._sampling(inputs, logits.shape[-1])
-        return logits, propose_tokens(logits, mask_id, sampling, measure=self.rule.measure)
+        candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=self.rule.measure)
+        if self.parts.seeds_greedily and sampling is not None:
+            candidates = greedy_block_starts(inputs.positions.offsets, logits, candidates, mask_id)
+        return logits, (candidates, confidence)
 
     @staticmethod
     def _sampling(inputs: StepBatch, vocab_size: int) -> Sampling | None:

@@ -41,10 +41,8 @@ def runner_class(name: str) -> type[Runner]:
     from engine.runner.anchored_runner import AnchoredRunner
     from engine.runner.block_runner import BlockRunner
     from engine.runner.canvas_runner import CanvasRunner
-    from engine.runner.shifted_block_causal import ShiftedBlockRunner
 
-    runners: dict[str, type[Runner]] = {"blocks": BlockRunner, "canvas": CanvasRunner, "anchored": AnchoredRunner,
-                                        "shifted_blocks": ShiftedBlockRunner}
+    runners: dict[str, type[Runner]] = {"blocks": BlockRunner, "canvas": CanvasRunner, "anchored": AnchoredRunner}
     if name not in runners:
         raise ValueError(f"unknown runner {name!r}; known: {sorted(runners)}")
     return runners[name]

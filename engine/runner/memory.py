@@ -132,7 +132,7 @@ def anchored_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
         logit_bytes_per_row=(element + 8) * block_length_for(config, lm) * model_config.vocab_size)
 
 
-MEMORY_MODELS = {"blocks": block_memory_model, "shifted_blocks": block_memory_model, "canvas": canvas_memory_model,
+MEMORY_MODELS = {"blocks": block_memory_model, "canvas": canvas_memory_model,
                  "anchored": anchored_memory_model}  # by RowLayout.runner
 
 

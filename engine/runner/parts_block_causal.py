@@ -19,6 +19,7 @@ from engine.scheduling.request import Request
 
 
 class BlockCausalParts:
+    seeds_greedily = False  # a block's first position is its argmax in sampled rows too
     def assign(self, batch: PersistentBatch, scheduled: SchedulerOutput) -> tuple[list[Request], list[Request]]:
         """(whole rows, window rows) of a step: admitted rows prefill; a row starting a block continues in
         the window, storing the block it finished; an admitted row whose prompt starts with cached blocks

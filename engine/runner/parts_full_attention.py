@@ -19,6 +19,7 @@ from engine.scheduling.request import Request
 
 
 class FullAttentionParts:
+    seeds_greedily = False  # a block's first position is its argmax in sampled rows too
     def assign(self, batch: PersistentBatch, scheduled: SchedulerOutput) -> tuple[list[Request], list[Request]]:
         """(whole rows, window rows) of a step: the scheduler's starting and continuing rows, or with no cache
         every row whole."""

@@ -15,7 +15,7 @@ Where the mapping comes from (the checkpoint's remote ``configuration.py`` and `
   (the stored prompt's, for a prompt of whole blocks), before it decodes the block's other positions. The
   rule commits it alone while it is a mask (``engine.rules.unmasking``); the runner reads hidden states one
   column to the left and takes that position's argmax even when the row samples
-  (``engine.runner.shifted_block_causal``).
+  (``engine.runner.parts_shifted_block_causal``).
 * ``generate`` decodes each block in sub-blocks (``small_block_size``): the ``sub_block_length`` setting of the
   ``threshold`` and ``low_confidence`` rules. Its comparison is strict (``> threshold``), as ``low_confidence``'s.
 * Keys whose computation this engine does not reproduce are refused by name (``check_supported``).

@@ -1,4 +1,4 @@
-"""The block runner of a block-causal family whose logits are shifted by one (Fast-dLLM v2).
+"""The step parts of a block-causal family whose logits are shifted by one (Fast-dLLM v2).
 
 Such a model predicts position i from the hidden state at i - 1, so every part reads hidden states one column
 to the left of the positions it decodes. A block's first position is predicted by the last column of the block
@@ -11,7 +11,8 @@ first block, and a window that starts a block stores the finished one in front o
 A row admitted on a cached prefix that covers its whole prompt (a prompt of whole blocks) computes its prompt's
 last column again, so that its first step sees it. The model's own loop takes that first position's argmax even
 when the row samples (its rule commits the position alone while it is a mask, ``engine.rules.unmasking``), so
-sampled rows get the argmax there too.
+sampled rows get the argmax there too (:func:`greedy_block_starts`, which the block runner applies where
+``seeds_greedily``).
 """
 from __future__ import annotations
 
@@ -20,13 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.config import EngineConfig
-from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import RefreshPart, WindowPart
-from engine.rules.base import BlockRule
 from engine.runner.batch import PersistentBatch
-from engine.runner.batch_inputs import StepBatch
-from engine.runner.block_runner import BlockRunner
 from engine.runner.parts_block_causal import BlockCausalParts
 from engine.scheduling.outputs import SchedulerOutput
 from engine.scheduling.request import Request
@@ -34,6 +30,8 @@ from engine.scheduling.request import Request
 
 class ShiftedBlockCausalParts(BlockCausalParts):
     """Block-causal parts that read each decoded position's hidden state one column to its left."""
+
+    seeds_greedily = True
 
     def assign(self, batch: PersistentBatch, scheduled: SchedulerOutput) -> tuple[list[Request], list[Request]]:
         for request in scheduled.admitted:
@@ -59,18 +57,10 @@ def _left(columns: torch.Tensor) -> torch.Tensor:
     return (columns - 1).clamp(min=0)
 
 
-class ShiftedBlockRunner(BlockRunner):
-    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: BlockRule):
-        super().__init__(lm, config, max_row_width, rule)
-        self.parts = ShiftedBlockCausalParts()
-
-    def _propose(self, inputs: StepBatch, hidden: torch.Tensor, at: tuple[torch.Tensor, torch.Tensor]
-                 ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
-        """As the block runner's, with a block's first position proposed by its argmax (never MASK) in every row."""
-        logits, (candidates, confidence) = super()._propose(inputs, hidden, at)
-        if inputs.sampled is None or logits is None:
-            return logits, (candidates, confidence)
-        firsts = (inputs.positions.offsets == 0)[:, None]  # [positions, 1]: a rule asks for it only while masked
-        greedy = logits.index_fill(-1, torch.tensor([self.lm.special_ids.mask_id], device=logits.device),
-                                   float("-inf")).argmax(dim=-1)
-        return logits, (torch.where(firsts, greedy, candidates), confidence)
+def greedy_block_starts(offsets: torch.Tensor, logits: torch.Tensor, candidates: torch.Tensor,
+                        mask_id: int) -> torch.Tensor:
+    """``candidates`` ``[positions, 1]`` with each block's first position (``offsets`` 0) proposed by its argmax,
+    never MASK, in sampled rows too."""
+    firsts = (offsets == 0)[:, None]  # a rule asks for it only while masked
+    greedy = logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf")).argmax(dim=-1)
+    return torch.where(firsts, greedy, candidates)
