@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.rules.flat_settings import flat_dict, pydantic_schema, rule_setting, set_fields
+from engine.structured.spec import structured_outputs_problem
 
 SCHEDULES = ("continuous", "block_sync", "static", "shrink")  # engine/scheduling/policies.py: one policy each
 CACHE_MODES = ("dual", "prefix", "none")
@@ -175,6 +176,9 @@ class SamplingParams:
     top_p: float = 1.0
     logit_bias: Mapping[int, float] | None = None  # token id -> added to its logit, every row's step
     logprobs: int | None = None  # N: each output token's log-probability and N alternatives (None: off)
+    # the text the answer must be (vLLM's names, engine.structured.spec): {"json": schema}, {"regex": ...},
+    # {"choice": [...]}, {"grammar": EBNF} or {"json_object": True}; None: free text
+    structured_outputs: Mapping[str, Any] | None = None
     # the settings the engine's rule lets a request carry (RuleSetting.per_request), given by their flat names
     # (SamplingParams(<setting>=...)) and validated by the rule; unset: the engine's
     rule_settings: tuple[tuple[str, Any], ...] = ()
@@ -222,7 +226,7 @@ class SamplingParams:
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= 20):
             return f"logprobs must be None or an int in [0, 20], got {self.logprobs!r}"
-        return None
+        return structured_outputs_problem(self.structured_outputs)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SamplingParams:

@@ -22,6 +22,7 @@ from engine.scheduling.outputs import RunnerOutput, SchedulerOutput, StepReport
 from engine.scheduling.request import Request, RequestOutput, RequestStatus, TokenLogprob
 from engine.scheduling.scheduler import Scheduler
 from engine.scheduling.stats import EngineStats, StatsCollector
+from engine.structured.grammars import Grammars
 
 
 class BlockServeEngine:
@@ -32,8 +33,9 @@ class BlockServeEngine:
         self.max_row_width = self.config.resolved_max_model_len(lm.max_length)
         self.rule = rule_for(self.config, lm.special_ids.mask_id, lm.logit_shift)
         self.scheduled_block = self.rule.scheduled_block(self.config.block_length)  # one scheduler block's tokens
+        self.grammars = Grammars(lm, self.rule)
         self.limits = AdmissionLimits(self.scheduled_block, lm.vocab_size, lm.max_length,
-                                      self.token_budget, self.max_row_width, lm.layout, self.rule.request_problem,
+                                      self.token_budget, self.max_row_width, lm.layout, self._request_problem,
                                       self.config.gen_length)
         check_arena_fits(lm, self.config)  # before allocating: a batch that cannot fit fails by name
         self.runner = runner_class(lm.layout.runner)(lm, self.config, self.max_row_width, self.rule)
@@ -146,6 +148,11 @@ class BlockServeEngine:
         request.seed = request.params.seed if request.params.seed is not None else (
             self._seed_source.getrandbits(31))
         self.check(request.prompt_token_ids, request.params)
+        request.grammar = self.grammars.compiled(request.params)  # compiled by the check above: a cache hit
+
+    def _request_problem(self, params: SamplingParams) -> str | None:
+        """Why the engine's rule or its grammars cannot run ``params``, naming the field (None: they can)."""
+        return self.rule.request_problem(params) or self.grammars.problem(params)
 
     def abort_request(self, request_id: str) -> None:
         """A pending request leaves now; a running one leaves when its current block is complete

@@ -24,6 +24,7 @@ from engine.runner.parts_shifted_block_causal import greedy_block_starts
 from engine.runner.prefix_cache import PrefixCache, prefix_cache_blocks
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
+from engine.structured.rows import ConstrainedRows
 
 
 class BlockRunner:
@@ -37,6 +38,7 @@ class BlockRunner:
         self.prefix_cache = (PrefixCache(self.batch.kv_cache, prefix_cache_blocks(config, max_row_width),
                                          config.block_length)
                              if config.enable_prefix_caching and self.batch.kv_cache is not None else None)
+        self.constrained = ConstrainedRows(lm.vocab_size, lm.special_ids.mask_id, lm.special_ids.eos_id, rule.measure)
 
     @torch.no_grad()
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
@@ -44,6 +46,7 @@ class BlockRunner:
         for request in scheduled.admitted:
             self.batch.place(request)
             self.row_states[request.request_id] = self.rule.new_row_state()
+            self.constrained.admit(request)
             if self.prefix_cache is not None:
                 self.prefix_cache.reuse(request)
         if not scheduled.num_rows:
@@ -65,6 +68,7 @@ class BlockRunner:
         for request in finished:
             self.batch.release(request)
             self.row_states.pop(request.request_id, None)
+            self.constrained.release(request)
 
     def _logit_offsets(self, request: Request) -> list[int]:
         """The offsets of the request's active block that its rule reads logits at this step."""
@@ -82,6 +86,7 @@ class BlockRunner:
         hidden = self.lm.model.forward_step(inputs.refresh, inputs.window, self.batch.kv_cache)
         at = (positions.rows, positions.offsets)
         logits, (candidates, confidence) = self._propose(inputs, hidden, at)
+        candidates, confidence = self.constrained.propose(inputs, logits, candidates, confidence, self._logit_offsets)
         blocks = self.batch.block_tokens(inputs.slots, inputs.block_columns)
         computed = (torch.zeros_like(blocks, dtype=torch.bool).index_put_(at, torch.ones_like(positions.rows,
                                                                                              dtype=torch.bool))
@@ -91,11 +96,12 @@ class BlockRunner:
                          computed=computed, step_in_block=inputs.step_in_block,
                          row_inputs=self.rule.row_inputs([self.row_states[r.request_id] for r in inputs.rows],
                                                          [r.params for r in inputs.rows], blocks))
-        update = self.rule.step(view)
+        update = self.constrained.keep_runs(view, self.rule.step(view))
         if inputs.logprobs is not None:
             self._record_logprobs(inputs, logits, candidates, update.written)
         self.batch.write_blocks(inputs.slots, inputs.block_columns, update.tokens)
         host = self.rule.host_columns(update).tolist()  # the one sync
+        self.constrained.settle(inputs, host)
         results = {}
         for request, values, lead in zip(inputs.rows, host, inputs.leads):
             row = self.rule.read_row(values)

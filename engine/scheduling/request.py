@@ -104,6 +104,7 @@ class Request:
     slot: int | None = None  # its row in the runner's persistent batch while it runs
     cached_prefix: int = 0  # prompt columns from 0 whose keys/values came from the prefix cache
     cache_tail: CachedBlock | None = None  # the prefix cache's last block of its row
+    grammar: object | None = None  # its structured_outputs compiled (engine.structured.grammars); None: free text
     output_token_ids: list[int] = field(default_factory=list)  # its own output so far, up to a stop token
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # theirs, if asked for
     num_steps: int = 0

@@ -1,0 +1,116 @@
+"""Compiling a request's ``structured_outputs`` with xgrammar, once per constraint, and what cannot be constrained.
+
+xgrammar (vLLM's and SGLang's default) reads the model's tokenizer and compiles a constraint into a grammar
+whose matcher gives, token by token, the bitmask of tokens that keep the text a valid prefix. JSON (a schema or
+``json_object``) is compiled with no free whitespace and compact separators: with "any whitespace" allowed a
+model can spend its whole budget on spaces. A choice is compiled as a grammar of string literals.
+
+Compiling happens where a request is checked (``BlockServeEngine.tokenize``: the OpenAI server runs it in a
+worker thread), so a slow compile delays its own request and not the step loop; the engine's admission then
+finds the grammar in the cache.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from typing import Any
+
+import xgrammar
+
+from engine.models.loader import DiffusionLM
+from engine.rules.base import DecodingRule
+from engine.rules.unmasking import UnmaskingRule
+from engine.structured.spec import GrammarSpec, grammar_spec
+
+CACHED_GRAMMARS = 256  # compiled grammars kept, least recently used dropped first
+COMPACT_SEPARATORS = (",", ":")
+_LIBRARY_PREFIX = re.compile(r"^\[[^\]]*\] \S+: ")  # xgrammar's "[time] file.cc:line: " before its message
+SPACED_DECODERS = ("WordPiece",)  # decoders that put spaces between tokens: the text is not the tokens' concatenation
+
+
+class Grammars:
+    """The compiled grammars of one engine's model, by constraint; the refusals of its model and rule."""
+
+    def __init__(self, lm: DiffusionLM, rule: DecodingRule):
+        self.lm, self.rule = lm, rule
+        self._compiler: xgrammar.GrammarCompiler | None = None  # built on the first constrained request
+        self._compiled: OrderedDict[tuple[str, str], xgrammar.CompiledGrammar] = OrderedDict()
+
+    def problem(self, params: Any) -> str | None:
+        """Why ``params.structured_outputs`` cannot run on this engine, a message that starts with the field."""
+        if params.structured_outputs is None:
+            return None
+        refusal = self.refusal()
+        if refusal is not None:
+            return refusal
+        try:
+            self.compiled(params)
+        except ValueError as error:
+            return str(error)
+        return None
+
+    def refusal(self) -> str | None:
+        """Why no request may ask for structured output on this engine (None: constrained rows are defined)."""
+        layout, decoder = self.lm.layout, _decoder_type(self.lm.tokenizer)
+        if layout.runner != "blocks":
+            return (f"structured_outputs is not offered for {layout.family}: its {layout.row_kind} rows rewrite or "
+                    "seed positions out of left-to-right order, so no grammar state is defined for them")
+        if not isinstance(self.rule, UnmaskingRule):
+            return (f"structured_outputs is not offered with decoding={self.rule.name!r}: only rules that commit "
+                    "masked positions and never rewrite them keep a constrained answer a valid prefix")
+        if self.lm.shard.is_split:
+            return "structured_outputs is not offered on a model split over devices (tensor_parallel_size > 1)"
+        if decoder in SPACED_DECODERS:
+            return (f"structured_outputs is not offered for this model's tokenizer: its {decoder} decoder joins "
+                    "tokens with spaces, so the answer's text is not what the grammar constrains")
+        return None
+
+    def compiled(self, params: Any) -> xgrammar.CompiledGrammar | None:
+        """The compiled grammar of ``params.structured_outputs`` (None: free text); ValueError naming the field."""
+        if params.structured_outputs is None:
+            return None
+        spec = grammar_spec(params.structured_outputs)
+        grammar = self._compiled.get(spec.key)
+        if grammar is None:
+            grammar = self._compile(spec)
+            self._compiled[spec.key] = grammar
+            while len(self._compiled) > CACHED_GRAMMARS:
+                self._compiled.popitem(last=False)
+        self._compiled.move_to_end(spec.key)
+        return grammar
+
+    def _compile(self, spec: GrammarSpec) -> xgrammar.CompiledGrammar:
+        compiler = self._compiler or self._new_compiler()
+        try:
+            if spec.kind in ("json", "json_object"):
+                return compiler.compile_json_schema(spec.source or '{"type": "object"}', any_whitespace=False,
+                                                    separators=COMPACT_SEPARATORS, strict_mode=True)
+            if spec.kind == "regex":
+                return compiler.compile_regex(spec.source)
+            if spec.kind == "choice":
+                return compiler.compile_grammar(choice_grammar(json.loads(spec.source)))
+            return compiler.compile_grammar(spec.source)
+        except (RuntimeError, ValueError, TypeError) as error:
+            message = _LIBRARY_PREFIX.sub("", str(error).strip().splitlines()[0] if str(error).strip() else "")
+            raise ValueError(f"structured_outputs.{spec.kind} does not compile: {message or type(error).__name__}") \
+                from None
+
+    def _new_compiler(self) -> xgrammar.GrammarCompiler:
+        info = xgrammar.TokenizerInfo.from_huggingface(self.lm.tokenizer, vocab_size=self.lm.vocab_size,
+                                                       stop_token_ids=list(self.lm.special_ids.stop_ids))
+        self._compiler = xgrammar.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+        return self._compiler
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """An EBNF grammar whose sentences are exactly ``choices`` (JSON string escapes are EBNF's too)."""
+    return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
+
+
+def _decoder_type(tokenizer: Any) -> str | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    return decoder.get("type")
