@@ -24,7 +24,7 @@ NON_NEUTRAL: dict[str, Any] = {
     "logit_bias": {"7": 10}, "best_of": 2, "echo": True, "suffix": "tail", "logprobs": 2,
     "top_logprobs": 3, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
     "parallel_tool_calls": "yes", "functions": [{"name": "f"}], "function_call": "auto",
-    "response_format": {"type": "json_object"}, "modalities": ["text", "audio"],
+    "modalities": ["text", "audio"],
     "audio": {"voice": "alloy", "format": "mp3"}, "prediction": {"type": "content", "content": "x"},
     "reasoning_effort": "high", "verbosity": "low", "web_search_options": {}, "store": True,
     "service_tier": "flex", "moderation": {"enabled": True}, "prompt_cache_retention": "24h",

@@ -15,7 +15,7 @@ from actors.serving.openai.protocol import EXTENSIONS, OpenAIError
 
 # fields whose meaning BlockServe implements (README: "OpenAI request fields")
 HONOURED_COMMON = ("model", "max_tokens", "temperature", "seed", "stop", "stream", "stream_options",
-                   "ignore_eos", "top_p", "top_k", "logit_bias", *EXTENSIONS)
+                   "ignore_eos", "top_p", "top_k", "logit_bias", "response_format", *EXTENSIONS)
 HONOURED_COMPLETION = HONOURED_COMMON + ("prompt", "logprobs")
 HONOURED_CHAT = HONOURED_COMMON + ("messages", "max_completion_tokens", "logprobs", "top_logprobs")
 # labels for the caller's own bookkeeping: accepted, and they cannot change an answer
@@ -46,7 +46,6 @@ REFUSED_CHAT: dict[str, Refused] = REFUSED_COMMON | {
     "parallel_tool_calls": Refused((True, False), "tool calling is not supported"),
     "functions": Refused(([],), "function calling is not supported"),
     "function_call": Refused(("none",), "function calling is not supported"),
-    "response_format": Refused(({"type": "text"},), "only free text is produced (no JSON mode or schema)"),
     "modalities": Refused((["text"],), "text is the only output modality"),
     "audio": Refused((), "audio output is not supported"),
     "prediction": Refused((), "predicted outputs are not supported"),

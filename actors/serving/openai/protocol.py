@@ -40,7 +40,36 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool | None = None  # refused when true (fields.py): chunks are not padded
 
 
-EXTENSIONS = ("gen_length", "editing_threshold", "max_post_steps")  # SamplingParams' names, honoured as such
+EXTENSIONS = ("gen_length", "editing_threshold", "max_post_steps", "structured_outputs")  # SamplingParams' names,
+# honoured as such (structured_outputs: vLLM's, checked by the engine)
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    name: str
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")  # None: any JSON object
+    strict: bool | None = None  # the answer always follows the schema, strict or not
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: free text, any JSON object, or JSON that follows a schema."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def structured_outputs(self) -> dict[str, Any] | None:
+        """The engine's ``structured_outputs`` for this format (None: free text)."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return {"json_object": True}
+        if self.json_schema is None:
+            raise OpenAIError("response_format.json_schema: a json_schema format needs its json_schema",
+                              param="response_format.json_schema", code="missing_required_parameter")
+        schema = self.json_schema.json_schema
+        return {"json": schema} if schema is not None else {"json_object": True}
 
 
 class _Request(BaseModel):
@@ -65,6 +94,8 @@ class _Request(BaseModel):
     gen_length: int | None = Field(None, ge=1)
     editing_threshold: float | None = Field(None, ge=0.0, le=1.0)
     max_post_steps: int | None = Field(None, ge=0)
+    structured_outputs: dict[str, Any] | None = None  # {"json" | "regex" | "choice" | "grammar" | "json_object": ...}
+    response_format: ResponseFormat | None = None  # OpenAI's; vLLM takes it on completions too
     # the caller's labels: accepted, they cannot change an answer
     user: str | None = None
     safety_identifier: str | None = None
@@ -76,8 +107,14 @@ class _Request(BaseModel):
     frequency_penalty: Any = None
 
     def extensions(self) -> dict[str, Any]:
-        """BlockServe's extension fields the body sets, by SamplingParams' names."""
-        return {name: getattr(self, name) for name in EXTENSIONS if getattr(self, name) is not None}
+        """BlockServe's extension fields the body sets, by SamplingParams' names (``response_format`` as the
+        ``structured_outputs`` it asks for)."""
+        values = {name: getattr(self, name) for name in EXTENSIONS if getattr(self, name) is not None}
+        wanted = self.response_format.structured_outputs() if self.response_format is not None else None
+        if wanted is not None and "structured_outputs" in values:
+            raise OpenAIError("response_format and structured_outputs both ask for the answer's form: send one",
+                              param="response_format", code="invalid_value")
+        return values | ({"structured_outputs": wanted} if wanted is not None else {})
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -171,7 +208,6 @@ class ChatCompletionRequest(_Request):
     parallel_tool_calls: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     modalities: Any = None
     audio: Any = None
     prediction: Any = None

@@ -172,6 +172,8 @@ class OpenAIServer:
             prompt_ids = await asyncio.to_thread(self.loop.engine.tokenize, prompt, params)
             self.loop.engine.check(prompt_ids, params)
         except AdmissionError as error:
+            if error.param.startswith("structured_outputs") and body.response_format is not None:
+                error.param = "response_format"  # the body asked in OpenAI's words
             raise OpenAIError(str(error), param=names.get(error.param, error.param),
                               code="context_length_exceeded" if error.too_long else "invalid_value") from None
         request_id = new_id("chatcmpl" if chat else "cmpl")
