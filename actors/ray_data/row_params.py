@@ -4,7 +4,9 @@ A Ray user writes ``preprocess=lambda row: {"messages": ..., "sampling_params": 
 "temperature": 0.0}}``. Arrow turns a column of such dicts into a struct column, filling keys a row
 lacks with null, so nulls mean "not set". A key we cannot honour is the row's error, never ignored:
 ``top_k`` (vLLM's -1 is off), ``top_p`` and ``logit_bias`` are honoured as on the OpenAI routes, vLLM's
-other keys (penalties, ``n``, ``logprobs``, ...) are refused by name.
+other keys (penalties, ``n``, ``logprobs``, ...) are refused by name. ``structured_outputs`` (vLLM's) comes
+back from Arrow as plain Python: a struct's nulls for keys other rows set are dropped at every depth, arrays
+become lists and numpy scalars numbers, before the engine compiles it (a schema given as JSON text is untouched).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from actors.ray_data.batch_rows import is_missing
 from engine import SamplingParams
 
 NOT_PER_ROW = ("logprobs",)  # the output has no column for them yet: refused, not dropped
-NOT_INTEGRAL = ("temperature", "top_p", "logit_bias", "ignore_eos")
+NOT_INTEGRAL = ("temperature", "top_p", "logit_bias", "ignore_eos", "structured_outputs")
 
 
 def sampling_params_for_row(defaults: SamplingParams, values: Any) -> SamplingParams | str:
@@ -28,11 +30,23 @@ def sampling_params_for_row(defaults: SamplingParams, values: Any) -> SamplingPa
              for key, value in values.items() if not is_missing(value)}
     if isinstance(given.get("logit_bias"), dict):  # a key other rows set comes as null here
         given["logit_bias"] = {key: bias for key, bias in given["logit_bias"].items() if not is_missing(bias)}
+    if "structured_outputs" in given:  # a struct of nulls only: another row's constraint, not this row's
+        given["structured_outputs"] = without_arrow_nulls(given["structured_outputs"]) or None
     try:
         params = SamplingParams.from_openai(given, defaults, refused=NOT_PER_ROW)
     except ValueError as error:
         return f"sampling_params: {error}"
     return params.validation_error() or params
+
+
+def without_arrow_nulls(value: Any) -> Any:
+    """A value read back from Arrow as plain Python: dicts without their null keys, lists for arrays and
+    sequences, numbers for numpy scalars (JSON schemas hold no null that Arrow's struct filling can be told from)."""
+    if isinstance(value, dict):
+        return {key: without_arrow_nulls(item) for key, item in value.items() if not is_missing(item)}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ndarray":
+        return [without_arrow_nulls(item) for item in value]
+    return value.item() if hasattr(value, "item") and hasattr(value, "dtype") else value
 
 
 def _integral(value: Any) -> Any:
