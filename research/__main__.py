@@ -79,6 +79,10 @@ EXPERIMENTS: dict[str, Experiment] = {
     "poison-row": Experiment("research.poison_row", ScaleArgs(("--rows", "8", "--points", "entry"), ("--rows", "48")),
                              OUT_DIR, False, "one row that kills its actor every time: the batch job with its "
                              "batch's rows isolated and without"),
+    "structured-output": Experiment("research.structured_output",
+                                    ScaleArgs(("--rows", "4", "--max-new-tokens", "16"), ("--rows", "16"), ()),
+                                    None, False, "tokens per row forward and the grammar's share of a run, a JSON "
+                                    "schema and json_object against free rows, on the random LLaDA fixture"),
     "long-input": Experiment("research.long_input", ScaleArgs(), None, False,
                              "pathological inputs over HTTP and in the batch job (issue 22)"),
     "humaneval-lengths": Experiment("research.humaneval_lengths", ScaleArgs(), None, False,
