@@ -169,6 +169,7 @@ class BlockServeActor:
 
     async def _serve(self, rows: list[dict[str, Any]], placement: dict[str, str]) -> list[dict[str, Any]]:
         requests = [self._request_of(row) for row in rows]
+        await asyncio.to_thread(self._compile_grammars, requests)
         pending = {index: self._submit(request) for index, request in enumerate(requests)
                    if not isinstance(request, str)}
         served = dict(zip(pending, await self._results(list(pending.values()))))
@@ -204,6 +205,13 @@ class BlockServeActor:
             prompt = [{"role": "user", "content": prompt}]
         params = sampling_params_for_row(self.config.sampling, row.get("sampling_params"))
         return params if isinstance(params, str) else (prompt, params)
+
+    def _compile_grammars(self, requests: list[tuple[Any, SamplingParams] | str]) -> None:
+        """Compile the rows' structured_outputs here, in a worker thread, so the engine loop that admits them
+        finds them compiled (a constraint that does not compile is found again there, as the row's error)."""
+        for request in requests:
+            if not isinstance(request, str) and request[1].structured_outputs is not None:
+                self.engine.grammars.problem(request[1])
 
     def _submit(self, request: tuple[Any, SamplingParams]) -> asyncio.Future:
         """The request's result. A loop that died before it could take the request ends the process here

@@ -6,13 +6,16 @@ whose matcher gives, token by token, the bitmask of tokens that keep the text a 
 model can spend its whole budget on spaces. A choice is compiled as a grammar of string literals.
 
 Compiling happens where a request is checked (``BlockServeEngine.tokenize``: the OpenAI server runs it in a
-worker thread), so a slow compile delays its own request and not the step loop; the engine's admission then
-finds the grammar in the cache.
+worker thread, the Ray Data actor compiles a batch's constraints in one before it submits the rows), so a slow
+compile delays its own request and not the step loop; the engine's admission then finds the grammar in the
+cache. The cache may be read and filled from several threads.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -36,20 +39,21 @@ class Grammars:
         self.lm, self.rule = lm, rule
         self._compiler: xgrammar.GrammarCompiler | None = None  # built on the first constrained request
         self._compiled: OrderedDict[tuple[str, str], xgrammar.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()  # guards the cache and the compiler's creation, never a compile
 
     def problem(self, params: Any) -> str | None:
         """Why ``params.structured_outputs`` cannot run on this engine, a message that starts with the field."""
         if params.structured_outputs is None:
             return None
-        refusal = self.refusal()
-        if refusal is not None:
-            return refusal
+        if self.refusal is not None:
+            return self.refusal
         try:
             self.compiled(params)
         except ValueError as error:
             return str(error)
         return None
 
+    @functools.cached_property
     def refusal(self) -> str | None:
         """Why no request may ask for structured output on this engine (None: constrained rows are defined)."""
         layout, decoder = self.lm.layout, _decoder_type(self.lm.tokenizer)
@@ -71,17 +75,21 @@ class Grammars:
         if params.structured_outputs is None:
             return None
         spec = grammar_spec(params.structured_outputs)
-        grammar = self._compiled.get(spec.key)
-        if grammar is None:
-            grammar = self._compile(spec)
+        with self._lock:
+            grammar = self._compiled.get(spec.key)
+            if grammar is not None:
+                self._compiled.move_to_end(spec.key)
+                return grammar
+        grammar = self._compile(spec)
+        with self._lock:
             self._compiled[spec.key] = grammar
             while len(self._compiled) > CACHED_GRAMMARS:
                 self._compiled.popitem(last=False)
-        self._compiled.move_to_end(spec.key)
         return grammar
 
     def _compile(self, spec: GrammarSpec) -> xgrammar.CompiledGrammar:
-        compiler = self._compiler or self._new_compiler()
+        with self._lock:
+            compiler = self._compiler or self._new_compiler()
         try:
             if spec.kind in ("json", "json_object"):
                 return compiler.compile_json_schema(spec.source or '{"type": "object"}', any_whitespace=False,
