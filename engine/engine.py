@@ -103,6 +103,8 @@ class BlockServeEngine:
         except AdmissionError as error:
             request.error = str(error)
             request.status = RequestStatus.FINISHED_ERROR
+            if error.param.startswith("structured_outputs"):
+                self.stats_collector.count("constraints_refused")
             self._early_outputs.append(self._finish(request))
         else:
             self.scheduler.add(request)
@@ -235,6 +237,8 @@ class BlockServeEngine:
         token_ids = request.output_token_ids
         if request.status != RequestStatus.FINISHED_ERROR:
             self.stats_collector.record_finished(len(token_ids), request.prompt_length, request.cached_prefix)
+            if request.grammar is not None:
+                self.stats_collector.count("constrained_requests")
         del self._requests[request.request_id]
         return RequestOutput(
             request_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids),

@@ -77,6 +77,7 @@ def test_every_answer_that_ends_by_itself_satisfies_its_constraint(llada, config
     outputs = engine.generate(PROMPTS, params)
     check_answers(engine, params, outputs)
     assert sum(output.finish_reason == "eos" for output in outputs) >= 4  # the bounded constraints do end
+    assert engine.stats().counters["constrained_requests"] == len(params)
 
 
 def test_sampled_constrained_rows_satisfy_their_constraint_too(llada):
@@ -104,6 +105,7 @@ def test_a_constraint_that_does_not_compile_fails_its_request_alone(llada):
     assert [output.finish_reason for output in outputs] == ["error"] * len(bad) + ["length"]
     assert all(output.error.startswith("structured_outputs") for output in outputs[:-1])
     assert "Unclosed '['" in outputs[0].error and "nosuch" in outputs[1].error
+    assert engine.stats().counters == {"constraints_refused": len(bad)}
 
 
 @pytest.mark.parametrize("family", ["tiny-dream", "tiny-sdar"])

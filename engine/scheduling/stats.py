@@ -28,7 +28,8 @@ class EngineStats:
     blocks_decoded: int = 0  # row-blocks completed
     row_forwards: int = 0  # rows computed, summed over steps: each is one forward of that row's block
     counters: dict[str, int] = dataclasses.field(default_factory=dict)  # the decoding rule's own counts, summed
-    # by name (DecodingRule.counters declares them)
+    # by name (DecodingRule.counters declares them), and the engine's: constrained_requests (finished under
+    # structured_outputs), constraints_refused (requests whose structured_outputs could not run)
     effective_compute_ratio: float = 0.0  # mean over steps of unfinished requests / max_batch_size
     useful_row_fraction: float = 0.0  # mean over steps of unfinished requests' rows / rows computed
     padding_fraction: float = 0.0  # pad positions / bounding-box positions of the forwards run
@@ -106,6 +107,10 @@ class StatsCollector:
         self.totals.prompt_tokens += prompt_tokens
         self.totals.cached_prompt_tokens += cached_tokens
         self.totals.finished_requests += 1
+
+    def count(self, name: str, amount: int = 1) -> None:
+        """Add to one of the engine's own counters, kept beside the rule's (``EngineStats.counters``)."""
+        self.totals.counters[name] = self.totals.counters.get(name, 0) + amount
 
     def add_elapsed(self, seconds: float) -> None:
         self.totals.elapsed_s += seconds

@@ -49,7 +49,6 @@ class ConstrainedRows:
         self.vocab_size, self.mask_id, self.eos_id, self.measure = vocab_size, mask_id, eos_id, measure
         self.matchers: dict[str, xgrammar.GrammarMatcher] = {}
         self.chains: list[Chain] = []  # this step's, from propose to settle
-        self.dead_ends = 0  # positions where the grammar allowed no token of the vocabulary: the answer stops there
 
     def admit(self, request: Request) -> None:
         if request.grammar is not None:
@@ -129,8 +128,7 @@ class ConstrainedRows:
                 matcher.fill_next_token_bitmask(bitmask, index)
         allowed = self._allowed(bitmask.to(logits.device), logits.shape[-1])
         ended = torch.tensor([matcher.is_terminated() for matcher in matchers], device=logits.device)
-        stuck = ~allowed.any(dim=-1)
-        self.dead_ends += int((stuck & ~ended).sum())
+        stuck = ~allowed.any(dim=-1)  # the grammar needs text the vocabulary cannot spell: the answer ends here
         eos = torch.zeros_like(allowed[0])
         eos[self.eos_id] = True
         allowed = torch.where((ended | stuck)[:, None], eos, allowed)
