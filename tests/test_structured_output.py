@@ -117,9 +117,24 @@ def test_shifted_and_block_causal_families_keep_the_guarantees(family):
     check_answers(engine, params, engine.generate(PROMPTS, params))
 
 
-def test_what_cannot_be_constrained_is_refused_by_name(tiny_engine_factory):
-    word_pieces = tiny_engine_factory().generate(["hi"], SamplingParams(structured_outputs={"regex": "a"}))[0]
-    assert word_pieces.finish_reason == "error" and "WordPiece decoder" in word_pieces.error
+def test_the_tiny_models_word_pieces_decode_to_text_the_constraint_allows(tiny_engine_factory, heldout_rows):
+    engine = tiny_engine_factory(dtype="float32", block_length=8, max_batch_size=8)
+    rows = [row for row in heldout_rows if len(row["answer"].split()) <= 4][:2]  # answers within the cap
+    chats = [[{"role": "user", "content": row["prompt"]}] for row in rows]
+    constraints = [{"regex": r"[0-9]+( [0-9]+)*"}, {"choice": [row["answer"] for row in rows]},
+                   {"json": {"type": "object", "properties": {"n": {"type": "integer", "maximum": 99}},
+                             "required": ["n"]}}]
+    params = [SamplingParams(max_new_tokens=16, structured_outputs=c) for c in constraints for _ in rows]
+    outputs = engine.generate(chats * len(constraints), params)
+    check_answers(engine, params, outputs)
+    assert all(output.finish_reason == "eos" for output in outputs)
+
+
+def test_what_cannot_be_constrained_is_refused_by_name():
+    editing = BlockServeEngine(load_model(FIXTURES / "tiny-llada2", dtype="float32"),
+                               EngineConfig(decoding="joint_threshold"))
+    refused = editing.generate(["hi"], SamplingParams(max_new_tokens=8, structured_outputs={"regex": "a"}))[0]
+    assert refused.finish_reason == "error" and "decoding='joint_threshold'" in refused.error
     canvas = BlockServeEngine(load_model(FIXTURES / "tiny-diffusion_gemma", dtype="float32"))
     refused = canvas.generate(["hi"], SamplingParams(max_new_tokens=8, structured_outputs={"regex": "a"}))[0]
     assert refused.finish_reason == "error" and "not offered for" in refused.error

@@ -25,11 +25,11 @@ from engine.models.loader import DiffusionLM
 from engine.rules.base import DecodingRule
 from engine.rules.unmasking import UnmaskingRule
 from engine.structured.spec import GrammarSpec, grammar_spec
+from engine.structured.vocabulary import Vocabulary, vocabulary
 
 CACHED_GRAMMARS = 256  # compiled grammars kept, least recently used dropped first
 COMPACT_SEPARATORS = (",", ":")
 _LIBRARY_PREFIX = re.compile(r"^\[[^\]]*\] \S+: ")  # xgrammar's "[time] file.cc:line: " before its message
-SPACED_DECODERS = ("WordPiece",)  # decoders that put spaces between tokens: the text is not the tokens' concatenation
 
 
 class Grammars:
@@ -38,6 +38,7 @@ class Grammars:
     def __init__(self, lm: DiffusionLM, rule: DecodingRule):
         self.lm, self.rule = lm, rule
         self._compiler: xgrammar.GrammarCompiler | None = None  # built on the first constrained request
+        self._vocabulary: Vocabulary | None = None
         self._compiled: OrderedDict[tuple[str, str], xgrammar.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()  # guards the cache and the compiler's creation, never a compile
 
@@ -56,7 +57,7 @@ class Grammars:
     @functools.cached_property
     def refusal(self) -> str | None:
         """Why no request may ask for structured output on this engine (None: constrained rows are defined)."""
-        layout, decoder = self.lm.layout, _decoder_type(self.lm.tokenizer)
+        layout = self.lm.layout
         if layout.runner != "blocks":
             return (f"structured_outputs is not offered for {layout.family}: its {layout.row_kind} rows rewrite or "
                     "seed positions out of left-to-right order, so no grammar state is defined for them")
@@ -65,9 +66,6 @@ class Grammars:
                     "masked positions and never rewrite them keep a constrained answer a valid prefix")
         if self.lm.shard.is_split:
             return "structured_outputs is not offered on a model split over devices (tensor_parallel_size > 1)"
-        if decoder in SPACED_DECODERS:
-            return (f"structured_outputs is not offered for this model's tokenizer: its {decoder} decoder joins "
-                    "tokens with spaces, so the answer's text is not what the grammar constrains")
         return None
 
     def compiled(self, params: Any) -> xgrammar.CompiledGrammar | None:
@@ -91,34 +89,35 @@ class Grammars:
         with self._lock:
             compiler = self._compiler or self._new_compiler()
         try:
-            if spec.kind in ("json", "json_object"):
-                return compiler.compile_json_schema(spec.source or '{"type": "object"}', any_whitespace=False,
-                                                    separators=COMPACT_SEPARATORS, strict_mode=True)
-            if spec.kind == "regex":
-                return compiler.compile_regex(spec.source)
-            if spec.kind == "choice":
-                return compiler.compile_grammar(choice_grammar(json.loads(spec.source)))
-            return compiler.compile_grammar(spec.source)
+            grammar = spec_grammar(spec)
+            if self._vocabulary.answer_prefix:
+                prefix = xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(self._vocabulary.answer_prefix)}")
+                grammar = xgrammar.Grammar.concat(prefix, grammar)
+            return compiler.compile_grammar(grammar)
         except (RuntimeError, ValueError, TypeError) as error:
             message = _LIBRARY_PREFIX.sub("", str(error).strip().splitlines()[0] if str(error).strip() else "")
             raise ValueError(f"structured_outputs.{spec.kind} does not compile: {message or type(error).__name__}") \
                 from None
 
     def _new_compiler(self) -> xgrammar.GrammarCompiler:
-        info = xgrammar.TokenizerInfo.from_huggingface(self.lm.tokenizer, vocab_size=self.lm.vocab_size,
-                                                       stop_token_ids=list(self.lm.special_ids.stop_ids))
-        self._compiler = xgrammar.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+        self._vocabulary = vocabulary(self.lm.tokenizer, self.lm.vocab_size, list(self.lm.special_ids.stop_ids))
+        self._compiler = xgrammar.GrammarCompiler(self._vocabulary.info, max_threads=2, cache_enabled=False)
         return self._compiler
+
+
+def spec_grammar(spec: GrammarSpec) -> xgrammar.Grammar:
+    """The grammar of a constraint, before it meets a vocabulary (JSON with no free whitespace)."""
+    if spec.kind in ("json", "json_object"):
+        return xgrammar.Grammar.from_json_schema(spec.source or '{"type": "object"}', any_whitespace=False,
+                                                 separators=COMPACT_SEPARATORS, strict_mode=True)
+    if spec.kind == "regex":
+        return xgrammar.Grammar.from_regex(spec.source)
+    if spec.kind == "choice":
+        return xgrammar.Grammar.from_ebnf(choice_grammar(json.loads(spec.source)))
+    return xgrammar.Grammar.from_ebnf(spec.source)
 
 
 def choice_grammar(choices: list[str]) -> str:
     """An EBNF grammar whose sentences are exactly ``choices`` (JSON string escapes are EBNF's too)."""
     return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
 
-
-def _decoder_type(tokenizer: Any) -> str | None:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
-    return decoder.get("type")
