@@ -82,7 +82,8 @@ EXPERIMENTS: dict[str, Experiment] = {
     "structured-output": Experiment("research.structured_output",
                                     ScaleArgs(("--rows", "4", "--max-new-tokens", "16"), ("--rows", "16"), ()),
                                     None, False, "tokens per row forward and the grammar's share of a run, a JSON "
-                                    "schema and json_object against free rows, on the random LLaDA fixture"),
+                                    "schema and json_object against free rows (the random LLaDA fixture or the "
+                                    "tiny model), and the tiny model's accuracy under a regex and a choice"),
     "long-input": Experiment("research.long_input", ScaleArgs(), None, False,
                              "pathological inputs over HTTP and in the batch job (issue 22)"),
     "humaneval-lengths": Experiment("research.humaneval_lengths", ScaleArgs(), None, False,
