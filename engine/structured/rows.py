@@ -68,7 +68,7 @@ class ConstrainedRows:
         candidates, confidence = candidates.clone(), confidence.clone()
         sampled = _sampled_index(inputs)
         for depth in range(max(len(chain.positions) for chain in self.chains)):
-            live = [chain for chain in self.chains if chain.length == depth < len(chain.positions)]
+            live = [chain for chain in self.chains if depth < len(chain.positions)]
             if not live:
                 break
             drawn, scores = self._propose_at(inputs, live, depth, logits, sampled)
