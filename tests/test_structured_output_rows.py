@@ -9,6 +9,7 @@ import json
 import re
 
 import jsonschema
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -48,6 +49,15 @@ def test_arrow_rows_with_different_constraints_each_get_theirs(actor):
     jsonschema.validate(json.loads(texts[1]), COLOR)
     assert re.fullmatch("[a-c]{3}", texts[2]) and texts[3] in ("yes", "no", "maybe")
     assert reasons[5] == "error" and errors[5].startswith("structured_outputs.regex does not compile")
+
+
+def test_numpy_rows_give_their_choices_as_arrays_and_get_them_back_as_lists(actor):
+    choices = np.array(["yes", "no"], dtype=object)  # Ray's numpy batches hold a row's lists as arrays
+    batch = {"prompt": np.array(["pick"], dtype=object),
+             "sampling_params": np.array([{"structured_outputs": {"choice": choices, "regex": None}}], dtype=object)}
+    output = asyncio.run(actor(batch))
+    assert output["generated_text"].to_pylist()[0] in ("yes", "no")
+    assert json.loads(output["sampling_params"].to_pylist()[0]) == {"structured_outputs": {"choice": ["yes", "no"]}}
 
 
 def test_the_jobs_sampling_section_constrains_every_row():

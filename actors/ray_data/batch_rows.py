@@ -42,6 +42,16 @@ def is_missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def without_arrow_nulls(value: Any) -> Any:
+    """A value read back from Arrow as plain Python: dicts without the null entries Arrow adds for the keys
+    other rows set (at every depth), lists for arrays and sequences, numbers for numpy scalars."""
+    if isinstance(value, Mapping):
+        return {key: without_arrow_nulls(item) for key, item in value.items() if not is_missing(item)}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [without_arrow_nulls(item) for item in value]
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def num_rows(batch: Batch) -> int:
     if isinstance(batch, pa.Table):
         return batch.num_rows

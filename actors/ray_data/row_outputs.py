@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
 
-from actors.ray_data.batch_rows import is_missing
+from actors.ray_data.batch_rows import is_missing, without_arrow_nulls
 from engine import RequestOutput
 
 OUTPUT_SCHEMA = pa.schema([
@@ -49,14 +48,7 @@ def params_json(values: Any) -> str:
     Passed through as they came, rows that set different keys make a struct column whose shape differs
     from batch to batch (plain pyarrow, reading the files together, drops the keys of all but the first),
     and values Arrow cannot unify are pickled (only Ray reads those back). One string column reads anywhere."""
-    return json.dumps({} if is_missing(values) else _set_values(values), sort_keys=True, default=str)
-
-
-def _set_values(value: Any) -> Any:
-    """``value`` without the null entries Arrow adds for the keys other rows set."""
-    if isinstance(value, Mapping):
-        return {key: _set_values(item) for key, item in value.items() if not is_missing(item)}
-    return value
+    return json.dumps({} if is_missing(values) else without_arrow_nulls(values), sort_keys=True, default=str)
 
 
 def output_columns(outputs: list[dict[str, Any]]) -> dict[str, pa.Array]:

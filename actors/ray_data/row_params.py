@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.ray_data.batch_rows import is_missing
+from actors.ray_data.batch_rows import is_missing, without_arrow_nulls
 from engine import SamplingParams
 
 NOT_PER_ROW = ("logprobs",)  # the output has no column for them yet: refused, not dropped
@@ -37,16 +37,6 @@ def sampling_params_for_row(defaults: SamplingParams, values: Any) -> SamplingPa
     except ValueError as error:
         return f"sampling_params: {error}"
     return params.validation_error() or params
-
-
-def without_arrow_nulls(value: Any) -> Any:
-    """A value read back from Arrow as plain Python: dicts without their null keys, lists for arrays and
-    sequences, numbers for numpy scalars (JSON schemas hold no null that Arrow's struct filling can be told from)."""
-    if isinstance(value, dict):
-        return {key: without_arrow_nulls(item) for key, item in value.items() if not is_missing(item)}
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "ndarray":
-        return [without_arrow_nulls(item) for item in value]
-    return value.item() if hasattr(value, "item") and hasattr(value, "dtype") else value
 
 
 def _integral(value: Any) -> Any:
