@@ -86,6 +86,14 @@ def test_sampled_constrained_rows_satisfy_their_constraint_too(llada):
     check_answers(engine, params, engine.generate(PROMPTS, params))
 
 
+def test_a_schemas_properties_are_written_in_the_order_it_declares_them(llada):
+    engine = BlockServeEngine(llada, EngineConfig(block_length=8))
+    declared = {"type": "object", "properties": {"zeta": {"type": "boolean"}, "alpha": {"type": "boolean"}},
+                "required": ["zeta", "alpha"], "additionalProperties": False}
+    text = engine.generate(["order"], SamplingParams(max_new_tokens=32, structured_outputs={"json": declared}))[0].text
+    assert list(json.loads(text)) == ["zeta", "alpha"]
+
+
 def test_batched_equals_alone_and_free_rows_are_untouched(llada):
     engine = BlockServeEngine(llada, EngineConfig(block_length=8, max_batch_size=8))
     free = SamplingParams(max_new_tokens=24)

@@ -19,10 +19,10 @@ KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """One constraint in a canonical text form, so equal constraints share one compiled grammar."""
+    """One constraint as text, so equal constraints share one compiled grammar."""
 
     kind: str  # one of KINDS
-    source: str  # the schema as sorted JSON, the regex, the choices as a JSON list, the grammar ("" for json_object)
+    source: str  # the schema as compact JSON, the regex, the choices as a JSON list, the grammar ("" for json_object)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -47,7 +47,7 @@ def _source(kind: str, item: Any) -> str:
     field = f"structured_outputs.{kind}"
     if kind == "json":
         schema = _parsed_schema(item, field)
-        return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        return json.dumps(schema, separators=(",", ":"))  # keys in their order: properties are written in it
     if kind == "json_object":
         if item is not True:
             raise ValueError(f"{field} must be true, got {item!r}")
