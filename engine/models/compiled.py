@@ -30,6 +30,7 @@ from engine.models.compiled_inputs import BucketInputs, StaticInputs, allocate, 
 from engine.models.compiled_shapes import CompiledShapes, max_graphs, row_cap
 from engine.models.kv_cache import KVCache
 from engine.models.layers import rotary_tables
+from engine.models.moe import routing_blocks
 from engine.models.packed_step import PartPlan, StepPlan, rotary_dtype
 from engine.models.part_attention import PartAttention
 from engine.models.step_inputs import RefreshPart, WindowPart
@@ -60,12 +61,12 @@ def configure_dynamo(graphs: int) -> None:
 
 
 def _layer(layer, x, cos, signed_sin, mask, kv_layer, write_slots, write_columns, rows: int, length: int,
-           context_rows: int, context_start: int, context_end: int) -> torch.Tensor:
+           context_rows: int, context_start: int, context_end: int, blocks: torch.Tensor | None) -> torch.Tensor:
     """One layer over one part (``rows`` x ``length`` tokens), as eager runs it: ``context_rows`` 0, the
     part attends to its own keys; else to cache slots ``[0, context_rows)``, ``[context_start, context_end)``."""
     write = (write_slots, slice(None), slice(None), write_columns) if kv_layer is not None else None
     context = (kv_layer[:context_rows, :, :, context_start:context_end],) if context_rows else None
-    plan = StepPlan([PartPlan(rows, length, 0, mask, write, context)], cos, signed_sin, (kv_layer,))
+    plan = StepPlan([PartPlan(rows, length, 0, mask, write, context)], cos, signed_sin, (kv_layer,), blocks)
     return layer(x, plan, 0)
 
 
@@ -85,10 +86,12 @@ def _forward(model, tokens, positions, key_mask, key_positions, kv, write_slots,
     context_rows, context_start, context_end = context
     cos, signed_sin = _tables(model, positions)
     mask = attention.mask(key_mask, positions, key_positions, model.dtype)
+    block = model.config.routing_block
+    blocks = routing_blocks(positions.reshape(-1), block) if block else None  # padding: blocks of their own
     x = model.embed(tokens.reshape(-1))
     for index, layer in enumerate(model.layers):
         x = _layer_region(layer, x, cos, signed_sin, mask, kv[index] if kv is not None else None,
-                      write_slots, write_columns, rows, length, context_rows, context_start, context_end)
+                      write_slots, write_columns, rows, length, context_rows, context_start, context_end, blocks)
     return x
 
 

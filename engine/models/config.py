@@ -10,7 +10,8 @@ TRANSFORMER_ATTENTIONS = ("bidirectional", "block_causal")  # the one transforme
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """A sparse mixture-of-experts MLP (LLaDA2): sigmoid router, group-limited top-k, a shared expert."""
+    """A sparse mixture-of-experts MLP (LLaDA2): sigmoid router, group-limited top-k (LLaDA2.0 / 2.1) or
+    block routing (LLaDA2.2, ``expert_capacity`` set), a shared expert."""
 
     num_experts: int
     experts_per_token: int  # top-k routed experts of a token
@@ -20,8 +21,17 @@ class MoEConfig:
     num_shared_experts: int = 0  # one shared SwiGLU of width moe_intermediate_size * num_shared_experts
     routed_scaling_factor: float = 1.0
     first_k_dense_replace: int = 0  # layers below this index use the dense MLP (intermediate_size)
+    expert_capacity: int | None = None  # block routing (LLaDA2.2): the experts one routing block keeps;
+    # None: group-limited routing per token
+    routing_block: int | None = None  # block routing's blocks of absolute positions (the checkpoint's block_size)
 
     def __post_init__(self):
+        if self.expert_capacity is not None:
+            if not 0 < self.experts_per_token <= self.expert_capacity <= self.num_experts:
+                raise ValueError(f"block routing needs 0 < experts_per_token ({self.experts_per_token}) <= "
+                                 f"expert_capacity ({self.expert_capacity}) <= num_experts ({self.num_experts})")
+            if not self.routing_block or self.routing_block < 1:
+                raise ValueError(f"block routing needs a positive routing_block, got {self.routing_block!r}")
         if self.num_experts % self.n_group or self.num_experts // self.n_group < 2:
             raise ValueError(f"{self.num_experts} experts do not form {self.n_group} groups of two or more")
         if not 1 <= self.topk_group <= self.n_group:
@@ -63,6 +73,11 @@ class TransformerConfig:
             raise ValueError(f"rotary_dim {self.rotary_dim} must be even and in (0, head_dim {self.head_dim}]")
         if self.attention not in TRANSFORMER_ATTENTIONS:
             raise ValueError(f"attention must be one of {TRANSFORMER_ATTENTIONS}, got {self.attention!r}")
+
+    @property
+    def routing_block(self) -> int | None:
+        """The routing blocks of a block-routed MoE (LLaDA2.2), else None."""
+        return self.moe.routing_block if self.moe is not None and self.moe.expert_capacity is not None else None
 
     def rank_share(self, shard: TensorShard) -> TransformerConfig:
         """The shapes rank ``shard.rank`` holds: its heads, its part of each MLP and expert (vocabulary whole:

@@ -45,6 +45,8 @@ class RowLayout:
     refused_rules: tuple[str, ...] = ()  # EngineConfig.decoding rules it cannot run
     own_rule: str | None = None  # the one rule its model runs, which an unset EngineConfig.decoding becomes
     # (None: any block rule it does not refuse); its family module names it
+    fixed_block: bool = False  # the model computes over its trained blocks (LLaDA2.2's block routing): it
+    # decodes no other block_length
 
     def __post_init__(self) -> None:
         if self.row_kind not in ROW_KINDS:
@@ -150,6 +152,10 @@ class RowLayout:
 
     def refusal(self, config: EngineConfig) -> str | None:
         """Why this layout cannot run ``config`` (naming the setting), or None."""
+        if self.fixed_block and config.block_length not in (None, self.trained_block):
+            return (f"EngineConfig.block_length={config.block_length}: {self.family} routes its experts over blocks "
+                    f"of {self.trained_block} positions, which every forward must hold whole: leave block_length "
+                    f"unset (or {self.trained_block})")
         if config.cache not in self.caches:
             return (f"EngineConfig.cache: {config.cache!r} is a cache mode of full-attention families; "
                     f"{self.family} attends block-causally and caches each finished block: leave cache at 'dual'")

@@ -6,7 +6,15 @@ groups of consecutive experts, a group scores the sum of its two best biased sco
 ``topk_group`` best groups and takes its ``experts_per_token`` best biased experts among them (slot
 order: descending biased score). Its weights are the *unbiased* scores of those experts, renormalised
 to sum 1 (when more than one expert: the reference ignores ``norm_topk_prob``) and multiplied by
-``routed_scaling_factor``. The combine casts each slot's expert output to float32, weights it, sums the
+``routed_scaling_factor``.
+
+Block routing (LLaDA2.2: the checkpoint names ``expert_capacity``) replaces the groups: over each routing
+block (one request's tokens of one absolute block of ``routing_block`` positions, :func:`routing_blocks`),
+``s = sigmoid(logits) + expert_bias``; the block keeps the ``expert_capacity`` experts of largest
+max-over-its-tokens ``s``, and each token takes its ``experts_per_token`` best by ``s`` among them, exact
+ties to the lower expert id, as SGLang's released kernels (``_block_aggregation_kernel``,
+``_token_topk_kernel``) choose; the weights are as above. A token's experts depend on the other tokens of
+its block, never on another request's. The combine casts each slot's expert output to float32, weights it, sums the
 slots in slot order and casts back, as the reference's ``moe_infer``; the shared expert is added after.
 
 Experts are stacked (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``) and computed grouped: the
@@ -127,8 +135,14 @@ class Router(nn.Module):
             return tensor.to(device=moved.device) if moved.dtype != tensor.dtype else moved
         return super()._apply(keep_dtype, recurse)
 
-    def forward(self, x: torch.Tensor, moe: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
-        """Experts ``[tokens, k]`` (int64, slot order) and their float32 weights ``[tokens, k]``."""
+    def forward(self, x: torch.Tensor, moe: MoEConfig,
+                blocks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Experts ``[tokens, k]`` (int64, slot order) and their float32 weights ``[tokens, k]``; block
+        routing reads each token's routing block (``blocks``, :func:`routing_blocks`)."""
+        if moe.expert_capacity is not None:
+            if blocks is None:
+                raise ValueError("block routing (expert_capacity) needs each token's routing block")
+            return self._route_blocks(x, moe, blocks)
         scores = F.linear(x.float(), self.weight.float()).sigmoid()
         biased = (scores + self.expert_bias.float()).view(x.shape[0], moe.n_group, -1)
         group_scores = biased.topk(2, dim=-1).values.sum(dim=-1)
@@ -140,6 +154,41 @@ class Router(nn.Module):
         if moe.experts_per_token > 1:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return experts, weights * moe.routed_scaling_factor
+
+    def _route_blocks(self, x: torch.Tensor, moe: MoEConfig, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block routing: ``blocks [tokens]`` numbers each token's routing block from 0, in runs."""
+        scores = 1.0 / (1.0 + torch.exp(-F.linear(x.float(), self.weight.float())))  # the kernels' sigmoid
+        biased = scores + self.expert_bias.float()
+        per_block = biased.new_full(biased.shape, float("-inf")).scatter_reduce_(
+            0, blocks[:, None].expand_as(biased), biased, "amax")
+        kept = _best(per_block, moe.expert_capacity)
+        allowed = torch.zeros_like(per_block, dtype=torch.bool).scatter_(1, kept, True)[blocks]
+        experts = _best(biased.masked_fill(~allowed, float("-inf")), moe.experts_per_token)
+        weights = scores.gather(1, experts)
+        if moe.experts_per_token > 1:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return experts, weights * moe.routed_scaling_factor
+
+
+def _best(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's ``k`` largest columns, best first, an exact tie to the lower column."""
+    return scores.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def routing_blocks(positions: torch.Tensor, block: int) -> torch.Tensor:
+    """``[tokens]`` each packed token's routing block, numbered from 0: a new one starts where the absolute
+    block (``position // block``) changes or the position does not grow.
+
+    A step packs each row's tokens in increasing positions from a block start, so a row's blocks never join
+    another row's; padding (position 0 after a later position) is a block of its own::
+
+        positions  64 65 .. 95 | 0 1 .. 31 32 .. 40 | 0 | 0
+        blocks      0  0 ..  0 | 1 1 ..  1  2 ..  2 | 3 | 4
+    """
+    absolute = torch.div(positions, block, rounding_mode="floor")
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[1:] = (absolute[1:] != absolute[:-1]) | (positions[1:] <= positions[:-1])
+    return starts.long().cumsum(0) - 1
 
 
 class StackedExperts(nn.Module):
@@ -184,23 +233,25 @@ class MoE(nn.Module):
         self.shared_experts = shared_experts
         self.register_buffer("experts_touched", torch.zeros((), dtype=torch.int64), persistent=False)
 
-    def forward(self, x: torch.Tensor, spans: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
-        """``x [tokens, H]``. With ``spans`` (batch-invariant mode) each row's ``(first token, count)``
-        runs alone, so an expert's GEMM sees the row's own tokens only; tokens outside every span get
-        zeros."""
+    def forward(self, x: torch.Tensor, spans: tuple[tuple[int, int], ...] | None = None,
+                blocks: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [tokens, H]``, ``blocks [tokens]`` their routing blocks (:func:`routing_blocks`; block
+        routing only). With ``spans`` (batch-invariant mode) each row's ``(first token, count)`` runs
+        alone, so an expert's GEMM sees the row's own tokens only; tokens outside every span get zeros."""
         if spans is None:
-            out, counts = self._forward(x)
+            out, counts = self._forward(x, blocks)
         else:
             out, counts = x.new_zeros(x.shape), None
             for start, count in spans:
-                out[start:start + count], row_counts = self._forward(x[start:start + count])
+                row_blocks = None if blocks is None else blocks[start:start + count] - blocks[start]
+                out[start:start + count], row_counts = self._forward(x[start:start + count], row_blocks)
                 counts = row_counts if counts is None else counts + row_counts
         if counts is not None:
             self.experts_touched.copy_(counts.gt(0).sum())
         return out
 
-    def _forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        experts, weights = self.gate(x, self.config)
+    def _forward(self, x: torch.Tensor, blocks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        experts, weights = self.gate(x, self.config, blocks)
         order, counts = sort_by_expert(experts, self.config.num_experts)
         routed = self.experts(x[order // experts.shape[1]], counts)
         unsorted = torch.empty_like(routed).index_copy_(0, order, routed)

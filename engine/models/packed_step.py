@@ -21,6 +21,7 @@ import torch
 
 from engine.models.kv_cache import KVCache
 from engine.models.layers import HALF_DTYPES, rotary_tables
+from engine.models.moe import routing_blocks
 from engine.models.part_attention import PartAttention
 from engine.models.step_inputs import RefreshPart, WindowPart
 
@@ -67,6 +68,7 @@ class StepPlan:
     cos: torch.Tensor  # [tokens, 1, head_dim]
     signed_sin: torch.Tensor
     layers: tuple[torch.Tensor, ...] | None  # the cache's per-layer tensors
+    routing_blocks: torch.Tensor | None = None  # [tokens] each token's routing block (block-routed MoE only)
 
     @property
     def num_tokens(self) -> int:
@@ -78,7 +80,9 @@ class StepPlan:
 
 
 def plan_step(refresh: RefreshPart | None, window: WindowPart | None, kv_cache: KVCache | None,
-              rotary_dtype: torch.dtype, dtype: torch.dtype, head_dim: int, theta: float) -> StepPlan:
+              rotary_dtype: torch.dtype, dtype: torch.dtype, head_dim: int, theta: float,
+              routing_block: int | None = None) -> StepPlan:
+    """The step's plan; with ``routing_block`` (a block-routed MoE) also each packed token's routing block."""
     parts, positions = [], []
     if refresh is not None:
         parts.append(_refresh_plan(refresh, dtype))
@@ -88,7 +92,8 @@ def plan_step(refresh: RefreshPart | None, window: WindowPart | None, kv_cache: 
         positions.append(window.positions)
     flat = packed_tokens(parts, positions)
     cos, signed_sin = rotary_tables(flat, head_dim, theta, rotary_dtype)
-    return StepPlan(parts, cos, signed_sin, kv_cache.layers if kv_cache is not None else None)
+    blocks = routing_blocks(flat, routing_block) if routing_block else None
+    return StepPlan(parts, cos, signed_sin, kv_cache.layers if kv_cache is not None else None, blocks)
 
 
 def packed_tokens(parts: list[PartPlan], boxes: list[torch.Tensor]) -> torch.Tensor:

@@ -136,7 +136,7 @@ class Layer(nn.Module):
         x = x + all_reduce(self.attention(self.input_norm(x), plan, layer), self.shard)
         spans = plan.token_spans if self.attention.batch_invariant else None
         if isinstance(self.mlp, MoE):  # per row in batch-invariant mode, routing included
-            return x + all_reduce(self.mlp(self.post_attention_norm(x), spans), self.shard)
+            return x + all_reduce(self.mlp(self.post_attention_norm(x), spans, plan.routing_blocks), self.shard)
         return x + all_reduce(each_row(self.mlp, self.post_attention_norm(x), spans), self.shard)
 
 
@@ -200,7 +200,7 @@ class BidirectionalTransformer(nn.Module):
                            kv_cache: KVCache | None) -> torch.Tensor:
         config = self.config
         plan = plan_step(refresh, window, kv_cache, rotary_dtype(self.dtype, config.rope_full_precision),
-                         self.dtype, config.rotary_dim, config.rope_theta)
+                         self.dtype, config.rotary_dim, config.rope_theta, config.routing_block)
         parts = [p for p in (refresh, window) if p is not None]
         x = self.embed(packed_tokens(plan.parts, [p.tokens for p in parts]))
         for index, layer in enumerate(self.layers):

@@ -1,4 +1,4 @@
-"""The LLaDA2.x checkpoint family (``inclusionAI/LLaDA2.0-mini``, LLaDA2.1-mini: same layout).
+"""The LLaDA2.x checkpoint family (``inclusionAI/LLaDA2.0-mini``, LLaDA2.1-mini, LLaDA2.2-mini: same layout).
 
 Where the mapping comes from (the checkpoint's remote code ``modeling_llada2_moe.py`` /
 ``configuration_llada2_moe.py``; SGLang's ``models/llada2.py``):
@@ -17,6 +17,12 @@ Where the mapping comes from (the checkpoint's remote code ``modeling_llada2_moe
   ``engine.models.moe`` (``mlp.gate.weight``, the ``mlp.gate.expert_bias`` buffer, ``mlp.experts.E.*``,
   ``mlp.shared_experts.*``). ``norm_topk_prob`` is never read: weights are renormalised whenever
   ``num_experts_per_tok`` > 1, as the reference does.
+* LLaDA2.2 adds ``block_size`` (32), ``expert_capacity`` (48), ``delete_token_id`` and ``split_token_id``:
+  ``expert_capacity`` switches the gate to block routing (``engine.models.moe``) over blocks of
+  ``block_size`` absolute positions, the decode block too (another block_length is refused: a routing
+  block must be whole in every forward); ``n_group`` / ``topk_group`` are then unused. SGLang, which
+  serves it, refuses expert parallelism with block routing; tensor parallel here keeps the gate whole on
+  every rank.
 * Block-causal attention, no logit shift; EOS ``<|endoftext|>`` (156892); ``<|role_end|>`` also stops a
   request (the reference stops on EOS only; the model ends a turn with role_end, then EOS).
 """
@@ -60,12 +66,17 @@ def is_family(config: dict) -> bool:
 
 
 def block_length(config: dict) -> int:
-    return DEFAULT_BLOCK_LENGTH
+    return config.get("block_size") or DEFAULT_BLOCK_LENGTH
+
+
+def routes_by_block(config: dict) -> bool:
+    """LLaDA2.2's gate: the checkpoint names an ``expert_capacity``."""
+    return config.get("expert_capacity") is not None
 
 
 def layout(config: dict) -> RowLayout:
     return RowLayout(NAME, ATTENTION, LOGIT_SHIFT, trained_block=block_length(config), caches=("dual",),
-                     refused_rules=("dream",))
+                     refused_rules=("dream",), fixed_block=routes_by_block(config))
 
 
 # (key, LLaDA2MoeConfig's default, the value we compute, what another value would change)
@@ -107,6 +118,8 @@ def moe_config(config: dict) -> MoEConfig | None:
         num_shared_experts=config.get("num_shared_experts") or 0,
         routed_scaling_factor=float(config.get("routed_scaling_factor", 2.5)),
         first_k_dense_replace=config.get("first_k_dense_replace", 0),
+        expert_capacity=config.get("expert_capacity"),
+        routing_block=block_length(config) if routes_by_block(config) else None,
     )
 
 
@@ -158,7 +171,8 @@ def config_json(config: TransformerConfig, ids: CheckpointIds, trained_block: in
         "routed_scaling_factor": moe.routed_scaling_factor, "first_k_dense_replace": moe.first_k_dense_replace,
         "score_function": "sigmoid", "moe_router_enable_expert_bias": True, "router_dtype": "fp32",
         "norm_topk_prob": True, "pad_token_id": ids.pad_id, "torch_dtype": "bfloat16",
-    }
+    } | ({"block_size": moe.routing_block, "expert_capacity": moe.expert_capacity}
+         if moe.expert_capacity is not None else {})
 
 
 FAMILY = Family(
