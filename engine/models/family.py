@@ -43,5 +43,7 @@ class Family:
     model_class: type[nn.Module] | None = None  # a model of its own (None: the one transformer)
     image_tokens: Callable[[dict], tuple[int, ...]] | None = None  # config.json -> ids only an image
     # request carries (a text-only family refuses them)
+    rule_settings: Callable[[dict], dict] | None = None  # config.json -> the settings its rules take from
+    # the checkpoint besides generation_config.json's (LLaDA2.2's DELETE / SPLIT ids; DecodingRule.settle)
     decoding: Mapping[str, Any] = field(default_factory=dict)  # the EngineConfig fields of its own
     # decoding (its configs/*.yaml use them); the engine's defaults apply where a config sets none

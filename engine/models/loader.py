@@ -50,8 +50,9 @@ class DiffusionLM:
     special_ids: SpecialTokenIds
     layout: RowLayout  # how its rows are laid out and attended
     max_length: int  # longest row (prompt + canvas) the model accepts
-    generation_settings: dict = field(default_factory=dict)  # its generation_config.json, flat: the rules
-    # take the unset settings they own from it (DecodingRule.settle)
+    generation_settings: dict = field(default_factory=dict)  # its generation_config.json, flat, with the
+    # settings its family reads from config.json for rules (Family.rule_settings): the rules take the unset
+    # settings they own from it (DecodingRule.settle)
     decoding_defaults: dict = field(default_factory=dict)  # the block_length, threshold and gen_length its
     # generation_config.json names: what it decodes with unless the EngineConfig sets them
     image_token_ids: tuple[int, ...] = ()  # ids only an image request carries: refused (text-only families)
@@ -215,7 +216,8 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
                                     read_json(directory / "tokenizer_config.json"))
     return DiffusionLM(name=str(model), family=family.name, model=transformer, tokenizer=tokenizer,
                        special_ids=special_ids, layout=layout, max_length=transformer_config.max_position_embeddings,
-                       generation_settings=generation_settings(generation_config),
+                       generation_settings=generation_settings(generation_config) | (
+                           family.rule_settings(config) if family.rule_settings else {}),
                        decoding_defaults=decoding_defaults(generation_config, directory),
                        image_token_ids=family.image_tokens(config) if family.image_tokens else (),
                        source=ModelSource(str(directory), str(device), resolve_dtype(dtype), options))

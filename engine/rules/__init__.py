@@ -26,6 +26,7 @@ RULES = {
     "factor_prefix": "factor:FactorPrefix",
     "dream": "dream:Dream",
     "joint_threshold": "joint_threshold:JointThreshold",
+    "joint_threshold_indel": "joint_threshold_indel:JointThresholdIndel",
     "entropy_bound": "entropy_bound:EntropyBound",
     "autoregressive": "autoregressive:Autoregressive",
     "linear_spec": "linear_spec:LinearSpec",

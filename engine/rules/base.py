@@ -125,6 +125,8 @@ class BlockView:
     # built only for a rule that reads positions other than masks (BlockRule.reads_unmasked)
     step_in_block: torch.Tensor  # [rows] steps the row has taken in this block before this one
     row_inputs: Any = None  # the rule's per-row tensors (BlockRule.row_inputs)
+    logits: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None = None  # a rule that reads them
+    # (BlockRule.reads_logits): the computed positions' logits [positions, 1, vocab] and their (rows, offsets)
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,7 @@ class BlockRule(DecodingRule):
 
     mask_id: int | None  # the model's MASK (set by from_config; selecting commits does not need it)
     reads_unmasked: ClassVar[bool] = False  # it reads logits at positions that are not masks (BlockView.computed)
+    reads_logits: ClassVar[bool] = False  # it reads the logits themselves, not only the proposals (BlockView.logits)
 
     @property
     def measure(self) -> str:

@@ -95,7 +95,8 @@ class BlockRunner:
         view = BlockView(tokens=blocks, candidates=blocks.index_put(at, candidates.view(-1)), confidence=scores,
                          computed=computed, step_in_block=inputs.step_in_block,
                          row_inputs=self.rule.row_inputs([self.row_states[r.request_id] for r in inputs.rows],
-                                                         [r.params for r in inputs.rows], blocks))
+                                                         [r.params for r in inputs.rows], blocks),
+                         logits=(logits, at) if self.rule.reads_logits else None)
         update = self.constrained.keep_runs(view, self.rule.step(view))
         if inputs.logprobs is not None:
             self._record_logprobs(inputs, logits, candidates, update.written)
@@ -116,7 +117,7 @@ class BlockRunner:
         """The step's logits ``[positions, 1, vocab]`` and each position's candidate and confidence. A split
         model's greedy step whose rule ranks by probability joins no logits (``engine.parallel.candidates``)."""
         spans, mask_id = inputs.positions.spans, self.lm.special_ids.mask_id
-        if self.lm.shard.is_split and self.rule.measure == "probability" and (
+        if self.lm.shard.is_split and self.rule.measure == "probability" and not self.rule.reads_logits and (
                 inputs.bias is None and inputs.sampled is None and inputs.logprobs is None):
             local = self.lm.model.logits(hidden, at, spans, local=True).unsqueeze(1)
             head = self.lm.model.lm_head

@@ -20,9 +20,10 @@ Where the mapping comes from (the checkpoint's remote code ``modeling_llada2_moe
 * LLaDA2.2 adds ``block_size`` (32), ``expert_capacity`` (48), ``delete_token_id`` and ``split_token_id``:
   ``expert_capacity`` switches the gate to block routing (``engine.models.moe``) over blocks of
   ``block_size`` absolute positions, the decode block too (another block_length is refused: a routing
-  block must be whole in every forward); ``n_group`` / ``topk_group`` are then unused. SGLang, which
-  serves it, refuses expert parallelism with block routing; tensor parallel here keeps the gate whole on
-  every rank.
+  block must be whole in every forward); ``n_group`` / ``topk_group`` are then unused. Its editing rule,
+  ``joint_threshold_indel``, is what an unset ``EngineConfig.decoding`` becomes, and takes the DELETE /
+  SPLIT ids from config.json (:func:`rule_settings`). SGLang, which serves it, refuses expert
+  parallelism with block routing; tensor parallel here keeps the gate whole on every rank.
 * Block-causal attention, no logit shift; EOS ``<|endoftext|>`` (156892); ``<|role_end|>`` also stops a
   request (the reference stops on EOS only; the model ends a turn with role_end, then EOS).
 """
@@ -76,7 +77,17 @@ def routes_by_block(config: dict) -> bool:
 
 def layout(config: dict) -> RowLayout:
     return RowLayout(NAME, ATTENTION, LOGIT_SHIFT, trained_block=block_length(config), caches=("dual",),
-                     refused_rules=("dream",), fixed_block=routes_by_block(config))
+                     refused_rules=("dream",), own_rule=EDITING_RULE if routes_by_block(config) else None,
+                     fixed_block=routes_by_block(config))
+
+
+EDITING_RULE = "joint_threshold_indel"  # LLaDA2.2's insert/delete editing
+RULE_TOKEN_IDS = ("delete_token_id", "split_token_id")  # config.json ids its editing rule writes
+
+
+def rule_settings(config: dict) -> dict:
+    """The settings config.json gives rules (``DecodingRule.settle``): LLaDA2.2's DELETE and SPLIT ids."""
+    return {key: config[key] for key in RULE_TOKEN_IDS if config.get(key) is not None}
 
 
 # (key, LLaDA2MoeConfig's default, the value we compute, what another value would change)
@@ -179,6 +190,6 @@ FAMILY = Family(
     name=NAME, title="LLaDA2", recognises=is_family, transformer_config=transformer_config, layout=layout,
     weight_names=WEIGHT_NAMES, end_of_turn_token="<|role_end|>", mask_token="<|mask|>",
     mask_token_id=156895,  # the release's id, used only when the tokenizer lacks <|mask|>
-    config_json=config_json, checkpoint_views=True,
+    config_json=config_json, checkpoint_views=True, rule_settings=rule_settings,
     decoding={"block_length": DEFAULT_BLOCK_LENGTH, "decoding": "low_confidence_dynamic", "steps_per_block": 32,
               "threshold": 0.95})
