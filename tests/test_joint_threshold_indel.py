@@ -10,6 +10,8 @@ tokens (partial prompt blocks), 80 answer tokens, settings (threshold, editing_t
 (0.5, 0.0, 16), (0.9, 0.5, 16), (0.5, 0.0, 2), (0.5, 0.0, 0): the engine's answers, batched (8 rows) and alone,
 equalled the reference's in 32 of 32, with 491 deletes, 2,630 splits and the anti-loop in 32 steps of the
 defaults' run. The tests below keep what needs no reference: batched equals alone, every setting at once.
+Also checked outside, on the workload below: ``load_model(compile=True)`` gave batched == alone == eager, and
+``dtype="bfloat16", batch_invariant=True`` batched == alone (``python check_modes.py compile`` / ``bf16``).
 """
 from __future__ import annotations
 
@@ -91,3 +93,13 @@ def test_ids_that_clash_with_the_mask_are_refused(lm):
                                            (SamplingParams(logprobs=1), "logprobs")])
 def test_sampling_and_logprobs_are_refused_by_name(params, field):
     assert rule().request_problem(params).startswith(f"{field} is not offered for decoding 'joint_threshold_indel'")
+
+
+def test_cached_prompt_blocks_give_the_tokens_of_an_uncached_run(lm):
+    prompts, params = workload(lm)
+    prompt, param = prompts[0] * 14, params[0]  # 70 tokens: two whole blocks to cache, a partial one decoded
+    cached = BlockServeEngine(lm, EngineConfig(max_batch_size=2))
+    first, second = (cached.generate([prompt], param)[0].token_ids for _ in range(2))
+    assert cached.stats().cached_prompt_tokens == 64
+    uncached = BlockServeEngine(lm, EngineConfig(max_batch_size=2, enable_prefix_caching=False))
+    assert first == second == uncached.generate([prompt], param)[0].token_ids
