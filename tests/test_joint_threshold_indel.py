@@ -103,3 +103,16 @@ def test_cached_prompt_blocks_give_the_tokens_of_an_uncached_run(lm):
     assert cached.stats().cached_prompt_tokens == 64
     uncached = BlockServeEngine(lm, EngineConfig(max_batch_size=2, enable_prefix_caching=False))
     assert first == second == uncached.generate([prompt], param)[0].token_ids
+
+
+def test_two_tensor_parallel_ranks_give_one_devices_tokens(tmp_path):
+    """Each rank routes every token with the whole gate; the rule reads the logits joined over the ranks."""
+    model = write_llada22(tmp_path)
+    lm64 = load_model(model, dtype="float64")
+    prompts, params = (values[:2] for values in workload(lm64))
+    whole = BlockServeEngine(lm64, EngineConfig(max_batch_size=2))
+    with BlockServeEngine.from_pretrained(model, EngineConfig(max_batch_size=2, tensor_parallel_size=2),
+                                          dtype="float64") as split:
+        assert [o.token_ids for o in split.generate(prompts, params)] == [
+            o.token_ids for o in whole.generate(prompts, params)]
+    assert split.stats().counters["deletes"] > 0
