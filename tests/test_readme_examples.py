@@ -31,7 +31,9 @@ EXPECTED = {  # document -> what each of its Python blocks prints, in order
                   f"{counting(3, 12)} eos"],
     "docs/ray_data.md": [f"count from 14 to 55, one number after another -> {counting(14, 55)}", counting(14, 55)],
     "docs/serving.md": [counting(20, 9)],
-    "docs/structured_output.md": [f"{counting(12, 9)}\n['n'] eos"],
+    "docs/structured_output.md": [f"{counting(12, 9)}\n['n'] eos", f"{counting(12, 9)}\n['n'] stop",
+                                  f"count from 14 to 55, one number after another -> {counting(14, 55)} eos",
+                                  "['start', 'stop'] eos"],
 }
 
 
