@@ -4,8 +4,8 @@ boundaries, and the guarantees hold as they do one character a token.
 The fixture (``scripts.make_bpe_fixture``) is a random LLaDA-layout model whose BPE is trained on the demo rows as
 JSON, written into a temporary folder. Under each rule, at batch 1 and batched, every answer that ends by itself
 satisfies its constraint, every answer cut by its cap is a valid prefix, and rows without a constraint decode
-exactly as they do beside other free rows. The OpenAI server and the Ray Data actor (the stage of
-``map_batches(BlockServeActor)`` and ``build_processor``) answer on it too.
+exactly as they do beside other free rows. The OpenAI server, the Ray Data actor (the stage of
+``map_batches(BlockServeActor)``) and ``build_processor`` on a real Ray cluster answer on it too.
 """
 from __future__ import annotations
 
@@ -89,9 +89,10 @@ def test_the_fixture_is_byte_level_bpe_with_tokens_that_span_json_boundaries(bpe
 def test_batched_and_alone_every_answer_is_valid_and_free_rows_are_untouched(bpe, rule):
     engine = BlockServeEngine(bpe, EngineConfig(max_batch_size=16, **rule))
     free = [SamplingParams(max_new_tokens=FULL), SamplingParams(max_new_tokens=FULL, temperature=0.8, seed=3)]
-    params = [SamplingParams(max_new_tokens=cap, structured_outputs=c) for cap in (FULL, CAPPED)
-              for c in CONSTRAINTS] + free
-    prompts = PROMPTS * 2 + ["free text", "sampled text"]
+    unbounded = [CONSTRAINTS[0], CONSTRAINTS[3], CONSTRAINTS[4]]  # JSON and the grammar: CAPPED cuts them
+    params = [SamplingParams(max_new_tokens=FULL, structured_outputs=c) for c in CONSTRAINTS] + [
+        SamplingParams(max_new_tokens=CAPPED, structured_outputs=c) for c in unbounded] + free
+    prompts = PROMPTS + [PROMPTS[0], PROMPTS[3], PROMPTS[4]] + ["free text", "sampled text"]
     batched = engine.generate(prompts, params)
     alone = [engine.generate([prompt], [setting])[0] for prompt, setting in zip(prompts, params)]
     check_answers(engine, params, batched)
@@ -99,9 +100,9 @@ def test_batched_and_alone_every_answer_is_valid_and_free_rows_are_untouched(bpe
     assert [output.token_ids for output in batched] == [output.token_ids for output in alone]
     free_beside_free = engine.generate(prompts[-2:], free)
     assert [output.token_ids for output in batched[-2:]] == [output.token_ids for output in free_beside_free]
-    finished = [output.finish_reason for output in batched[:len(CONSTRAINTS)]]
-    assert finished.count("eos") >= 4  # the bounded constraints end within the cap
-    assert [output.finish_reason for output in batched[len(CONSTRAINTS):2 * len(CONSTRAINTS)]].count("length") >= 3
+    reasons = [output.finish_reason for output in batched]
+    assert reasons[:len(CONSTRAINTS)] == ["eos"] * len(CONSTRAINTS)
+    assert reasons[len(CONSTRAINTS):-2] == ["length"] * len(unbounded)
 
 
 def test_answers_commit_tokens_that_cross_the_grammars_boundaries(bpe):
@@ -141,3 +142,24 @@ def test_the_ray_data_actor_serves_arrow_rows_with_each_constraint_on_the_bpe_fi
     assert output.column("__inference_error__").to_pylist() == [""] * len(rows)
     assert reasons[:len(CONSTRAINTS)] == ["eos"] * len(CONSTRAINTS)
     assert all(satisfies(constraint, text) for constraint, text in zip(CONSTRAINTS, texts))
+
+
+def test_build_processor_rows_get_their_constraints_on_the_bpe_fixture(ray_cluster, bpe_dir):
+    import ray
+    from ray.data.llm import build_processor
+
+    from actors.ray_data.processor import BlockServeProcessorConfig
+
+    as_rows = [{"json": json.dumps(SCHEMA)}, *CONSTRAINTS[1:]]  # a schema as JSON text keeps its own key order
+    config = BlockServeProcessorConfig(model_source=str(bpe_dir), engine_kwargs={"block_length": 8},
+                                       actor={"torch_threads": 1}, concurrency=1, batch_size=8,
+                                       num_cpus_per_actor=0.5)
+    processor = build_processor(
+        config, preprocess=lambda row: {"prompt": PROMPTS[row["id"]], "sampling_params": {
+            "max_tokens": FULL, "structured_outputs": as_rows[row["id"]]}}, preprocess_map_kwargs={"num_cpus": 0.25},
+        postprocess=lambda row: {"id": row["id"], "answer": row["generated_text"], "finish": row["finish_reason"]},
+        postprocess_map_kwargs={"num_cpus": 0.25})
+    rows = sorted(processor(ray.data.from_items([{"id": i} for i in range(len(CONSTRAINTS))])).take_all(),
+                  key=lambda row: row["id"])
+    assert [row["finish"] for row in rows] == ["eos"] * len(CONSTRAINTS)
+    assert all(satisfies(constraint, row["answer"]) for constraint, row in zip(CONSTRAINTS, rows))
