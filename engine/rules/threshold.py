@@ -53,13 +53,11 @@ class Threshold(UnmaskingRule):
         return [offset for offset in masks if offset // self.sub_block_length == current]
 
     def choose(self, confidence: torch.Tensor, masked: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-        deciding = masked & self.current_sub_block(masked)
+        deciding = masked if self.sub_block_length is None else masked & self.current_sub_block(masked)
         return with_most_confident(deciding & self.passes(confidence), confidence, deciding)
 
     def current_sub_block(self, masked: torch.Tensor) -> torch.Tensor:
         """bool ``[rows, block]``: the offsets of each row's first sub-block that holds a mask."""
-        if self.sub_block_length is None:
-            return torch.ones_like(masked)
         sub_block = torch.arange(masked.shape[-1], device=masked.device) // self.sub_block_length
         first = torch.where(masked, sub_block, masked.shape[-1]).amin(dim=-1, keepdim=True)
         return sub_block == first
