@@ -74,6 +74,9 @@ class EngineConfig:
     # (engine.parallel); heads, MLPs, experts and the vocabulary are split across them
     tensor_parallel_size: int = 1
     tensor_parallel_timeout_s: float = 300.0  # a rank that waits this long on another ends the engine
+    # "fp8" (vLLM's name): weights quantized at load to FP8-dynamic (e4m3, a scale per output channel, activations
+    # per token); None: as the checkpoint stores them (an FP8-dynamic checkpoint loads FP8 either way)
+    quantization: str | None = None
     # the settings one rule owns, given by their flat names (EngineConfig(<setting>=...), a YAML's engine
     # keys): each rule module declares its own (DecodingRule.own_settings) and validates them; read them as
     # attributes, config.<setting> (unset: the rule's default)
@@ -131,6 +134,8 @@ class EngineConfig:
                 self.tensor_parallel_timeout_s, (int, float)) or self.tensor_parallel_timeout_s <= 0:
             _fail("tensor_parallel_timeout_s", f"must be a positive number of seconds, "
                                                f"got {self.tensor_parallel_timeout_s!r}")
+        if self.quantization not in (None, "fp8"):
+            _fail("quantization", f"must be 'fp8' or None (the checkpoint's own weights), got {self.quantization!r}")
         if not isinstance(self.causal_context, bool):
             _fail("causal_context", f"must be True or False, got {self.causal_context!r}")
         from engine.rules import DECODING_RULES, settings_problems  # loads the rule modules (and torch)

@@ -55,6 +55,10 @@ class BlockServeEngine:
             raise ValueError(f"EngineConfig.tensor_parallel_size={config.tensor_parallel_size} but the model was "
                              f"loaded as {lm.shard.size} share(s): load it with load_model(..., tensor_parallel_size="
                              f"{config.tensor_parallel_size}), or use BlockServeEngine.from_pretrained")
+        if config.quantization is not None and lm.quantization != config.quantization:
+            raise ValueError(f"EngineConfig.quantization={config.quantization!r} but the model was loaded with "
+                             f"{lm.quantization!r} weights: load it with load_model(..., quantization="
+                             f"{config.quantization!r}), or use BlockServeEngine.from_pretrained")
         if lm.shard.rank != 0 or not lm.shard.is_split:
             return None
         if lm.source is None:
@@ -79,8 +83,9 @@ class BlockServeEngine:
         """An engine on a model loaded with :func:`load_model`'s options ``compile`` and ``batch_invariant``
         (rank 0's share of it when ``config.tensor_parallel_size`` > 1: the engine starts the other ranks)."""
         size = config.tensor_parallel_size if config is not None else 1
-        return cls(load_model(model, device=device, dtype=dtype, compile=compile,
-                              batch_invariant=batch_invariant, tensor_parallel_size=size), config)
+        quantization = config.quantization if config is not None else None
+        return cls(load_model(model, device=device, dtype=dtype, compile=compile, batch_invariant=batch_invariant,
+                              tensor_parallel_size=size, quantization=quantization), config)
 
     # -- requests ----------------------------------------------------------------------------------
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,

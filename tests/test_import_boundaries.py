@@ -145,4 +145,4 @@ def test_the_scheduling_side_of_the_engine_loads_neither_torch_nor_transformers(
 def test_the_engine_top_level_holds_only_the_public_api_and_its_sides():
     top = {path.name for path in (ROOT / "engine").iterdir() if not path.name.startswith((".", "__pycache__"))}
     assert top == {"__init__.py", "lazy_exports.py", "config.py", "engine.py",
-                   "scheduling", "rules", "runner", "models", "oracle", "parallel", "structured"}
+                   "scheduling", "rules", "runner", "models", "layers", "oracle", "parallel", "structured"}

@@ -16,6 +16,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from engine.layers.fp8 import FP8
+from engine.layers.fp8_modules import to_fp8
+from engine.layers.quantization import Fp8Scheme
 from engine.parallel.shard import WHOLE, TensorShard
 from engine.parallel.vocab import VocabularyEmbedding, VocabularyHead
 from engine.parallel.weights import rank_share
@@ -117,35 +120,64 @@ def iter_checkpoint_tensors(directory: Path) -> Iterator[tuple[str, Callable[[],
 def load_weights(
     model: nn.Module, directory: Path, rename: Callable[[str], str | None],
     device: torch.device, dtype: torch.dtype, shard: TensorShard = WHOLE,
+    fp8: Fp8Scheme | None = None, checkpoint_name: Callable[[str], str | None] = lambda name: None,
 ) -> None:
     """Fill a meta-device ``model`` from ``directory``; ``rename`` maps checkpoint names to ours
     (``None`` skips a tensor that we do not use, e.g. rotary caches). A model split over ranks takes rank
-    ``shard.rank``'s share of each tensor (``engine.parallel.weights``)."""
+    ``shard.rank``'s share of each tensor (``engine.parallel.weights``). With an ``fp8`` scheme the layers it
+    quantizes hold FP8 weights (``engine.layers.fp8_modules``; ``checkpoint_name``: ours -> the checkpoint's
+    name, for its ignore list), read as stored or quantized here from the checkpoint's own dtype."""
     model.to(dtype)  # still on the meta device: the parameters are born in ``dtype``, never float32
+    if fp8 is not None:
+        to_fp8(model, fp8, checkpoint_name, shard)
     model.to_empty(device=device)
     model.tie_weights()  # moving off the meta device unties shared parameters
     params = model.checkpoint_tensors()  # fused projections appear as their checkpoint's parts
     vocabulary, fused = _split_tensors(model) if shard.is_split else (set(), {})
     loaded: set[str] = set()
-    for checkpoint_name, load in iter_checkpoint_tensors(directory):
-        name = rename(checkpoint_name)
+    for stored_name, load in iter_checkpoint_tensors(directory):
+        name = _our_name(rename, stored_name, params)
         if name is None:
             continue
         if name not in params:
-            raise ValueError(f"unexpected weight {checkpoint_name!r} in {directory}")
-        tensor = load()
-        if shard.is_split:
-            tensor = rank_share(name, tensor, tuple(params[name].shape), shard, name in vocabulary, fused.get(name))
-        if tensor.shape != params[name].shape:
-            raise ValueError(
-                f"weight {checkpoint_name!r} has shape {tuple(tensor.shape)}, "
-                f"expected {tuple(params[name].shape)} from config.json")
-        with torch.no_grad():  # in the parameter's dtype: ``dtype``, or float32 for a router
-            params[name].copy_(tensor.to(params[name].dtype))
-        loaded.add(name)
+            raise ValueError(f"unexpected weight {stored_name!r} in {directory}")
+        for target, tensor in _as_stored(name, load(), params, fp8, stored_name):
+            if shard.is_split:
+                tensor = rank_share(target, tensor, tuple(params[target].shape), shard, target in vocabulary,
+                                    fused.get(target))
+            if tensor.shape != params[target].shape:
+                raise ValueError(
+                    f"weight {stored_name!r} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(params[target].shape)} from config.json")
+            with torch.no_grad():  # in the parameter's dtype: ``dtype``, FP8, or float32 for a router or a scale
+                params[target].copy_(tensor.to(params[target].dtype))
+            loaded.add(target)
     missing = unwritten(params, loaded)
     if missing:
         raise ValueError(f"checkpoint {directory} lacks weights: {missing[:5]}")
+
+
+def _our_name(rename: Callable[[str], str | None], stored_name: str, params: dict[str, torch.Tensor]) -> str | None:
+    """Our name of a checkpoint tensor; an FP8 scale (``<weight>_scale``) is named after its weight."""
+    name = rename(stored_name)
+    if name in params or not stored_name.endswith("_scale"):
+        return name
+    weight = rename(stored_name.removesuffix("_scale"))
+    return name if weight is None else f"{weight}_scale"
+
+
+def _as_stored(name: str, tensor: torch.Tensor, params: dict[str, torch.Tensor], fp8: Fp8Scheme | None,
+               checkpoint_name: str) -> list[tuple[str, torch.Tensor]]:
+    """``(our name, tensor)`` pairs to copy for one checkpoint tensor: itself, or for an FP8 parameter given
+    in another dtype, its e4m3 codes and its scale (quantized whole, before a rank takes its share)."""
+    stored_fp8, wanted_fp8 = tensor.dtype == FP8, params[name].dtype == FP8
+    if stored_fp8 and not wanted_fp8:
+        raise ValueError(f"weight {checkpoint_name!r} is float8, but the model keeps it in its own dtype: "
+                         f"quantization_config.ignore names it, or it is a layer FP8 does not quantize")
+    if wanted_fp8 and not stored_fp8:
+        codes, scale = fp8.quantize_weight(tensor)
+        return [(name, codes), (f"{name}_scale", scale)]
+    return [(name, tensor)]
 
 
 def _split_tensors(model: nn.Module) -> tuple[set[str], dict[str, tuple[int, int, int]]]:
@@ -157,7 +189,7 @@ def _split_tensors(model: nn.Module) -> tuple[set[str], dict[str, tuple[int, int
         alias, parts = getattr(module, "alias", None), getattr(module, "parts", None)
         if alias is not None and parts is not None and len(parts) == 3:
             parent = name.rpartition(".")[0]
-            for kind in ("weight", "bias"):
+            for kind in ("weight", "weight_scale", "bias"):
                 fused[f"{parent}.{alias}.{kind}" if parent else f"{alias}.{kind}"] = tuple(parts.values())
     return vocabulary, fused
 

@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from engine.layers.fp8 import FP8
+from engine.layers.quantization import fp8_scheme
 from engine.models.batch_invariance import configure_cuda_batch_invariance
 from engine.models.checkpoint import load_weights, read_json
 from engine.models.families import Family, detect_family
@@ -37,6 +39,7 @@ class ModelSource:
     device: str
     dtype: torch.dtype
     options: ModelOptions
+    quantization: str | None = None  # load_model's: "fp8" quantizes an unquantized checkpoint at load
 
 
 @dataclass
@@ -89,6 +92,11 @@ class DiffusionLM:
     @property
     def dtype(self) -> torch.dtype:
         return self.model.embed_tokens.weight.dtype
+
+    @property
+    def quantization(self) -> str | None:
+        """``"fp8"`` when some weights are FP8 (an FP8 checkpoint, or quantized at load), else None."""
+        return "fp8" if any(p.dtype == FP8 for p in self.model.parameters()) else None
 
     @property
     def vocab_size(self) -> int:
@@ -193,21 +201,25 @@ def apply_model_options(transformer: BidirectionalTransformer, options: ModelOpt
 
 def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                compile: bool = False, batch_invariant: bool = False, tensor_parallel_size: int = 1,
-               rank: int = 0) -> DiffusionLM:
+               rank: int = 0, quantization: str | None = None) -> DiffusionLM:
     """The checkpoint ``model`` on ``device`` in ``dtype``, run with the :class:`ModelOptions` ``compile``
     and ``batch_invariant`` by every engine it is given to (on CUDA, ``batch_invariant`` also applies
     process-wide cuBLAS settings: ``engine.models.batch_invariance``). With ``tensor_parallel_size`` N > 1,
-    rank ``rank``'s share of it: an engine with ``tensor_parallel_size=N`` loads the other ranks itself."""
+    rank ``rank``'s share of it: an engine with ``tensor_parallel_size=N`` loads the other ranks itself. A
+    checkpoint with an FP8-dynamic ``quantization_config`` loads FP8 weights; ``quantization="fp8"`` quantizes
+    an unquantized one at load the same way (``engine.layers.quantization``)."""
     options = ModelOptions(compile=compile, batch_invariant=batch_invariant)
     shard = TensorShard(rank, tensor_parallel_size)
     directory = resolve_model_dir(model)
     config = read_json(directory / "config.json")
     family = detect_family(config, directory)
     layout = family.layout(config)  # a layout the engine would decode wrongly is refused here
+    fp8 = fp8_scheme(config, quantization, str(directory / "config.json"))
     transformer_config = family.transformer_config(config).rank_share(shard)
     with torch.device("meta"):
         transformer = (family.model_class or BidirectionalTransformer)(transformer_config)
-    load_weights(transformer, directory, family.weight_names.ours, torch.device(device), resolve_dtype(dtype), shard)
+    load_weights(transformer, directory, family.weight_names.ours, torch.device(device), resolve_dtype(dtype), shard,
+                 fp8, family.weight_names.theirs_of)
     transformer.eval().requires_grad_(False)
     apply_model_options(transformer, options)
     tokenizer = load_tokenizer(directory)
@@ -220,7 +232,7 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
                            family.rule_settings(config) if family.rule_settings else {}),
                        decoding_defaults=decoding_defaults(generation_config, directory),
                        image_token_ids=family.image_tokens(config) if family.image_tokens else (),
-                       source=ModelSource(str(directory), str(device), resolve_dtype(dtype), options))
+                       source=ModelSource(str(directory), str(device), resolve_dtype(dtype), options, quantization))
 
 
 DECODING_DEFAULTS = {"block_length": (int, "a positive int"), "gen_length": (int, "a positive int"),

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.fp8 import ExpertScales, fp8_grouped_glu
+from engine.layers.fp8_modules import expert_scales, expert_views
 from engine.models.config import MoEConfig
 
 GROUPED_MM_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16,)}
@@ -97,10 +99,12 @@ grouped_glu = torch.ops.blockserve.grouped_glu
 
 
 def grouped_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts: torch.Tensor,
-                    activation: str = "silu") -> torch.Tensor:
+                    activation: str = "silu", scales: ExpertScales | None = None) -> torch.Tensor:
     """``x [pairs, H]`` sorted by expert, ``counts [E]`` of each expert's rows -> ``[pairs, H]``: each
     row through its expert's gated MLP (``gate_up [E, 2I, H]``, ``down [E, H, I]``), eagerly or in a
-    compiled graph."""
+    compiled graph. ``scales``: FP8 weights' per-channel scales (``engine.layers.fp8``)."""
+    if scales is not None:
+        return fp8_grouped_glu(x, gate_up, down, counts, ACTIVATIONS[activation], scales)
     if torch.compiler.is_compiling() and x.dtype != torch.bfloat16:
         if x.device.type != "cpu" and not grouped_mm_supported(x.dtype, x.device):
             # the loop's host read would break a captured CUDA graph: a full-graph compile refuses
@@ -193,7 +197,8 @@ def routing_blocks(positions: torch.Tensor, block: int) -> torch.Tensor:
 
 class StackedExperts(nn.Module):
     """Every routed expert's SwiGLU in two stacked parameters; checkpoints name each expert's
-    projections separately (``{e}.gate_proj``, ``{e}.up_proj``, ``{e}.down_proj``), offered as views."""
+    projections separately (``{e}.gate_proj``, ``{e}.up_proj``, ``{e}.down_proj``), offered as views
+    (``engine.layers.fp8_modules.expert_views``, FP8 scales included)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
@@ -206,16 +211,11 @@ class StackedExperts(nn.Module):
         nn.init.normal_(self.down_proj, std=intermediate_size ** -0.5)
 
     def checkpoint_views(self, prefix: str) -> dict[str, torch.Tensor]:
-        views = {}
-        for expert, (gate_up, down) in enumerate(zip(self.gate_up_proj, self.down_proj)):
-            gate, up = gate_up.split(self.intermediate_size)
-            views |= {f"{prefix}{expert}.gate_proj.weight": gate, f"{prefix}{expert}.up_proj.weight": up,
-                      f"{prefix}{expert}.down_proj.weight": down}
-        return views
+        return expert_views(prefix, self)
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """``x [pairs, H]`` sorted by expert, ``counts [E]`` of each expert's rows -> ``[pairs, H]``."""
-        return grouped_experts(x, self.gate_up_proj, self.down_proj, counts)
+        return grouped_experts(x, self.gate_up_proj, self.down_proj, counts, scales=expert_scales(self))
 
 
 class MoE(nn.Module):

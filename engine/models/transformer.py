@@ -234,7 +234,7 @@ class BidirectionalTransformer(nn.Module):
         tensors = {}
         for name, module in self.named_modules():
             prefix = f"{name}." if name else ""
-            if isinstance(module, FusedLinear):
+            if isinstance(module, FusedLinear) or getattr(module, "parts", None) is not None:  # an FP8 one too
                 parent = name.rpartition(".")[0]
                 tensors.update(module.views(f"{parent}." if parent else ""))
             elif hasattr(module, "checkpoint_views"):

@@ -86,6 +86,17 @@ def all_reduce(x: torch.Tensor, shard: TensorShard) -> torch.Tensor:
     return x
 
 
+def all_reduce_max(x: torch.Tensor, shard: TensorShard) -> torch.Tensor:
+    """``x``'s elementwise maximum over the ranks, in place; ``x`` itself when not split."""
+    if not shard.is_split:
+        return x
+    if not torch.compiler.is_compiling():
+        TRAFFIC.all_reduce_bytes += x.numel() * x.element_size()
+        TRAFFIC.calls += 1
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x
+
+
 def all_gather(x: torch.Tensor, shard: TensorShard) -> list[torch.Tensor]:
     """Every rank's ``x`` (of one shape on every rank), in rank order, on every rank."""
     x = x.contiguous()

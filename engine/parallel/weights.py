@@ -4,7 +4,8 @@ The rule is read off the shapes: a tensor the rank holds whole is copied; one th
 cut there into ``full / local`` equal pieces, and the rank takes the piece its heads or columns read (a key/value
 head kept by several ranks is the same piece for each). Three tensors hold several parts along the cut
 dimension, each cut on its own: vocabulary rows (padded on the last rank), a stacked expert's ``gate_up_proj``
-(gate then up), and LLaDA2's fused ``query_key_value`` (queries, then keys and values of equal size).
+and its FP8 scale (gate then up), and LLaDA2's fused ``query_key_value`` (queries, then keys and values of equal
+size; its FP8 ``weight_scale`` alike).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def rank_share(name: str, full: torch.Tensor, local_shape: tuple[int, ...], shar
         return torch.cat([_piece(name, part, (rows, *local_shape[1:]), shard, 0)
                           for part, rows in zip(full.split([queries, keys, keys]), query_key_value)])
     dim = _cut_dimension(name, full.shape, local_shape)
-    if name.endswith("gate_up_proj"):
+    if name.endswith(("gate_up_proj", "gate_up_proj_scale")):
         half_shape = tuple(size // 2 if d == dim else size for d, size in enumerate(local_shape))
         return torch.cat([_piece(name, half, half_shape, shard, dim) for half in full.chunk(2, dim=dim)], dim=dim)
     return _piece(name, full, local_shape, shard, dim)

@@ -28,7 +28,8 @@ def worker_main(rank: int, host: str, port: int) -> None:
         join_group(rank, spec)
         source = spec.source
         lm = load_model(source.model, device=spec.device(rank), dtype=source.dtype, compile=source.options.compile,
-                        batch_invariant=source.options.batch_invariant, tensor_parallel_size=spec.size, rank=rank)
+                        batch_invariant=source.options.batch_invariant, tensor_parallel_size=spec.size, rank=rank,
+                        quantization=source.quantization)
         engine = BlockServeEngine(lm, spec.config)
     except BaseException:
         connection.send(("failed", traceback.format_exc()))

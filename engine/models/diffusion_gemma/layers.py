@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.fp8_modules import expert_scales
 from engine.models.diffusion_gemma.config import GemmaTextConfig, LayerShape
 from engine.models.moe import gelu_tanh, grouped_experts, sort_by_expert
 from engine.parallel.shard import all_reduce
@@ -80,7 +81,8 @@ class Experts(nn.Module):
         """``x [tokens, hidden]``, ``weights`` and ``experts [tokens, k]`` -> ``[tokens, hidden]``."""
         tokens, k = experts.shape
         order, counts = sort_by_expert(experts, self.gate_up_proj.shape[0])
-        routed = grouped_experts(x[order // k], self.gate_up_proj, self.down_proj, counts, "gelu_tanh")
+        routed = grouped_experts(x[order // k], self.gate_up_proj, self.down_proj, counts, "gelu_tanh",
+                                 expert_scales(self))
         parts = (routed * weights.flatten()[order, None]).to(x.dtype)
         # each pair's sorted position; a token's positions, ascending, are its slots in expert order
         position = torch.empty_like(order).index_copy_(0, order, torch.arange(order.numel(), device=x.device))

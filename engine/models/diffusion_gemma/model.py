@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.fp8_modules import expert_views
 from engine.models.diffusion_gemma.attention import attention as layer_attention
 from engine.models.diffusion_gemma.config import GemmaTextConfig, LayerShape
 from engine.models.diffusion_gemma.kv_cache import CanvasKVCache, PagePool
@@ -84,7 +85,12 @@ class DiffusionGemmaTransformer(nn.Module):
         self.compiled = CompiledCanvas(self) if options.compile else None
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        return dict(self.named_parameters()) | dict(self.named_buffers())
+        """Every parameter and buffer, and each layer's experts also one at a time, as FP8 checkpoints split
+        them (``layers.N.experts.{e}.{gate,up,down}_proj.weight`` and ``weight_scale``)."""
+        tensors = dict(self.named_parameters()) | dict(self.named_buffers())
+        for index, layer in enumerate(self.layers):
+            tensors |= expert_views(f"layers.{index}.experts.", layer.experts)
+        return tensors
 
     @property
     def dtype(self) -> torch.dtype:
