@@ -1,6 +1,6 @@
 """DiffusionGemma's vocabulary-sized temporaries: a step holds one chunk of rows' at a time, whatever its
 batch, with the tokens unchanged; the memory model prices one chunk; and the 26B-A4B job config's batch
-fits an 80 GB GPU by the engine's own check."""
+fits an 80 GB GPU by the engine's own check, its FP8 config's a 48 GB GPU."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +12,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
+from engine.layers.fp8_modules import to_fp8
+from engine.layers.quantization import fp8_scheme
 from engine.models.diffusion_gemma.config import gemma_text_config
 from engine.models.diffusion_gemma.model import DiffusionGemmaTransformer
 from engine.models.families import diffusion_gemma
@@ -108,3 +110,18 @@ def test_the_26b_config_fits_an_80_gb_gpu_by_the_engines_own_check(monkeypatch, 
     budget = config.resolved_token_budget(lm.max_length)
     every_row = dataclasses.replace(model, logit_rows=None)  # each of the 32 rows' logits at once
     assert weights + model.arena_bytes + every_row.step_bytes(budget, 32) > GPU_BYTES
+
+
+def test_the_26b_fp8_config_fits_a_48_gb_gpu_by_the_engines_own_check(monkeypatch, caplog):
+    lm = gemma_26b()
+    bf16_weights = sum(tensor.nbytes for tensor in lm.model.parameters())
+    to_fp8(lm.model, fp8_scheme({}, "fp8", "the 26B-A4B shape"), diffusion_gemma.WEIGHT_NAMES.theirs_of)
+    config = config_for_model(load_config(ROOT / "configs" / "diffusiongemma-26b-a4b-fp8.yaml").engine, lm)
+    weights = memory.memory_model(lm, config).weight_bytes
+    assert config.quantization == "fp8" and weights < 0.52 * bf16_weights < 48 * 10**9 < bf16_weights
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 48 * 10**9 - weights)
+    with caplog.at_level(logging.WARNING, logger="engine.runner.memory"):
+        model = memory.check_arena_fits(lm, config)
+    assert caplog.records == []  # neither the arena nor a full-budget step is over
+    budget = config.resolved_token_budget(lm.max_length)
+    assert weights + model.arena_bytes + model.step_bytes(budget, config.max_batch_size) < 0.9 * 48 * 10**9
