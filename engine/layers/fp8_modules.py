@@ -5,8 +5,9 @@ each linear layer the scheme quantizes becomes an :class:`Fp8Linear` (a fused q/
 all), and each stack of experts (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``) gets e4m3 parameters and
 float32 scales beside them (``gate_up_proj_scale [E, 2I, 1]``, ``down_proj_scale [E, H, 1]``). A tensor's scale is
 named as the tensor plus ``_scale``, as compressed-tensors names ``weight_scale``. Vocabulary layers stay in the
-model's dtype. In a split model the row-parallel layers (every stack names them ``o_proj`` and ``down_proj``)
-take each token's scale over all ranks' parts of their input.
+model's dtype. In a split model a row-parallel layer (a :class:`~engine.layers.linear.RowParallelLinear`, or in
+the stacks not yet on the kit one named ``o_proj`` or ``down_proj``) takes each token's scale over all ranks' parts
+of its input, and sums its output over the ranks as the layer it replaces did.
 """
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import torch
 from torch import nn
 
 from engine.layers.fp8 import FP8, ExpertScales, fp8_linear
+from engine.layers.linear import RowParallelLinear
 from engine.layers.quantization import Fp8Scheme
-from engine.parallel.shard import WHOLE, TensorShard
+from engine.parallel.shard import WHOLE, TensorShard, all_reduce
 
 VOCABULARY_LAYERS = ("lm_head",)  # linears never quantized (the head reads its weight directly)
 EXPERT_PROJECTIONS = ("gate_up_proj", "down_proj")
-ROW_PARALLEL = ("o_proj", "down_proj")  # the stacks' layers whose input is split over the ranks
+ROW_PARALLEL = ("o_proj", "down_proj")  # plain nn.Linear layers whose input is split (stacks not on the kit)
 
 
 def fp8_parameter(*shape: int, dtype: torch.dtype = FP8) -> nn.Parameter:
@@ -32,12 +34,14 @@ class Fp8Linear(nn.Module):
     """``y = x W^T (+ b)`` with ``weight [out, in]`` in e4m3 and ``weight_scale [out, 1]`` in float32, ``x``
     quantized per token (``engine.layers.fp8``). ``parts`` / ``alias``: a fused projection's, as
     :class:`~engine.models.projections.FusedLinear` keeps them, its checkpoint parts offered as views.
-    ``input_shard``: the ranks a row-parallel layer's input is split over."""
+    ``input_shard``: the ranks a row-parallel layer's input is split over; ``output_shard``: those it sums its
+    output over."""
 
     def __init__(self, in_features: int, out_features: int, bias_dtype: torch.dtype | None,
-                 parts: dict[str, int] | None = None, alias: str | None = None, input_shard: TensorShard = WHOLE):
+                 parts: dict[str, int] | None = None, alias: str | None = None, input_shard: TensorShard = WHOLE,
+                 output_shard: TensorShard = WHOLE):
         super().__init__()
-        self.input_shard = input_shard
+        self.input_shard, self.output_shard = input_shard, output_shard
         self.in_features, self.out_features = in_features, out_features
         self.weight = fp8_parameter(out_features, in_features)
         self.weight_scale = fp8_parameter(out_features, 1, dtype=torch.float32)
@@ -49,11 +53,12 @@ class Fp8Linear(nn.Module):
         """The FP8 layer of ``linear``'s shape (and parts), on its device."""
         with torch.device(linear.weight.device):
             bias = None if linear.bias is None else linear.bias.dtype
+            output_shard = linear.output_shard if isinstance(linear, RowParallelLinear) else WHOLE
             return cls(linear.in_features, linear.out_features, bias, getattr(linear, "parts", None),
-                       getattr(linear, "alias", None), input_shard)
+                       getattr(linear, "alias", None), input_shard, output_shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.weight, self.weight_scale, self.bias, self.input_shard)
+        return all_reduce(fp8_linear(x, self.weight, self.weight_scale, self.bias, self.input_shard), self.output_shard)
 
     def views(self, prefix: str) -> dict[str, torch.Tensor]:
         """A fused layer's checkpoint tensors: each part's ``weight``, ``weight_scale`` (and ``bias``), and the
@@ -102,7 +107,8 @@ def to_fp8(model: nn.Module, scheme: Fp8Scheme, checkpoint_name: Callable[[str],
             name = f"{parent_name}.{child_name}" if parent_name else child_name
             if isinstance(child, nn.Linear) and child_name not in VOCABULARY_LAYERS:
                 if _quantized(scheme, checkpoint_name, _linear_names(parent_name, name, child), name):
-                    setattr(parent, child_name, Fp8Linear.like(child, shard if child_name in ROW_PARALLEL else WHOLE))
+                    row_parallel = isinstance(child, RowParallelLinear) or child_name in ROW_PARALLEL
+                    setattr(parent, child_name, Fp8Linear.like(child, shard if row_parallel else WHOLE))
             elif all(isinstance(getattr(child, p, None), nn.Parameter) for p in EXPERT_PROJECTIONS):
                 if _quantized(scheme, checkpoint_name, [f"{name}.0.gate_proj.weight"], name):
                     _experts_to_fp8(child, shard)

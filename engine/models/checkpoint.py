@@ -19,8 +19,8 @@ from torch import nn
 from engine.layers.fp8 import FP8
 from engine.layers.fp8_modules import to_fp8
 from engine.layers.quantization import Fp8Scheme
+from engine.layers.vocab import VocabularyEmbedding, VocabularyHead
 from engine.parallel.shard import WHOLE, TensorShard
-from engine.parallel.vocab import VocabularyEmbedding, VocabularyHead
 from engine.parallel.weights import rank_share
 
 SINGLE_FILE = "model.safetensors"

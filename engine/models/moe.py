@@ -33,7 +33,9 @@ from torch import nn
 
 from engine.layers.fp8 import ExpertScales, fp8_grouped_glu
 from engine.layers.fp8_modules import expert_scales, expert_views
+from engine.layers.linear import RankSum
 from engine.models.config import MoEConfig
+from engine.parallel.shard import WHOLE, TensorShard
 
 GROUPED_MM_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16,)}
 
@@ -219,14 +221,18 @@ class StackedExperts(nn.Module):
 
 
 class MoE(nn.Module):
-    """Router + stacked experts + the optional shared expert (a dense MLP given by the caller).
+    """Router + stacked experts + the optional shared expert (a dense MLP given by the caller). Split over ranks,
+    each expert holds its rank's intermediate width: the routed and shared outputs are partial sums, added over
+    the ranks once (:class:`~engine.layers.linear.RankSum`).
 
     ``experts_touched`` (a 0-d int64 buffer, written by every forward without a host sync) counts the
     distinct experts the last forward routed any token to: the expert weights it read.
     """
 
-    def __init__(self, hidden_size: int, moe: MoEConfig, shared_experts: nn.Module | None):
+    def __init__(self, hidden_size: int, moe: MoEConfig, shared_experts: nn.Module | None,
+                 shard: TensorShard = WHOLE):
         super().__init__()
+        self.rank_sum = RankSum(shard)
         self.config = moe
         self.gate = Router(hidden_size, moe.num_experts)
         self.experts = StackedExperts(moe.num_experts, hidden_size, moe.moe_intermediate_size)
@@ -248,7 +254,7 @@ class MoE(nn.Module):
                 counts = row_counts if counts is None else counts + row_counts
         if counts is not None:
             self.experts_touched.copy_(counts.gt(0).sum())
-        return out
+        return self.rank_sum(out)
 
     def _forward(self, x: torch.Tensor, blocks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         experts, weights = self.gate(x, self.config, blocks)

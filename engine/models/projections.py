@@ -1,5 +1,9 @@
 """Fused projections (q/k/v; gate/up) and the dense SwiGLU MLP built on them.
 
+Both are the layer kit's column- and row-parallel linears (``engine.layers.linear``): on a split model a fused
+projection holds its rank's heads or intermediate width, and the MLP's ``down_proj`` sums its output over the
+ranks.
+
 A fused projection is one GEMM over several projections of the same input, its weights concatenated
 along the output. Checkpoints name the parts separately (LLaDA, Dream, SDAR) or fused (LLaDA2's
 ``query_key_value``); :meth:`FusedLinear.views` offers both names as views of the one parameter, so a
@@ -10,6 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
+from engine.parallel.shard import WHOLE, TensorShard
 
 
 def _split_on_save(fused: str, parts: dict[str, int]):
@@ -33,13 +40,14 @@ def _fuse_on_load(fused: str, parts: dict[str, int]):
     return hook
 
 
-class FusedLinear(nn.Linear):
+class FusedLinear(ColumnParallelLinear):
     """One GEMM for several projections of the same input (q/k/v; gate/up), weights concatenated
     along the output. State dicts and checkpoints keep the separate projections' names; ``alias`` is
     the name of the whole fused tensor in checkpoints that store it fused."""
 
-    def __init__(self, in_features: int, parts: dict[str, int], bias: bool, alias: str | None = None):
-        super().__init__(in_features, sum(parts.values()), bias=bias)
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool, alias: str | None = None,
+                 shard: TensorShard = WHOLE):
+        super().__init__(in_features, sum(parts.values()), bias, shard)
         self.parts = parts
         self.alias = alias
 
@@ -58,21 +66,23 @@ class FusedLinear(nn.Linear):
 
 
 def fused_projection(owner: nn.Module, fused: str, in_features: int, parts: dict[str, int],
-                     bias: bool, alias: str | None = None) -> FusedLinear:
+                     bias: bool, alias: str | None = None, shard: TensorShard = WHOLE) -> FusedLinear:
     """A :class:`FusedLinear` for ``owner.<fused>``, with the state-dict hooks that keep the parts' names."""
     owner.register_state_dict_post_hook(_split_on_save(fused, parts))
     owner.register_load_state_dict_pre_hook(_fuse_on_load(fused, parts))
-    return FusedLinear(in_features, parts, bias, alias)
+    return FusedLinear(in_features, parts, bias, alias, shard)
 
 
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``, gate and up in one GEMM."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, gate and up in one GEMM. ``intermediate_size``: this rank's
+    share; ``reduce_results=False`` leaves the output a partial sum (an MoE adds its experts' first)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, shard: TensorShard = WHOLE,
+                 reduce_results: bool = True):
         super().__init__()
         self.gate_up_proj = fused_projection(self, "gate_up_proj", hidden_size, {
-            "gate_proj": intermediate_size, "up_proj": intermediate_size}, False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+            "gate_proj": intermediate_size, "up_proj": intermediate_size}, False, shard=shard)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, shard, reduce_results)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.layers import vocab
+from engine.layers.linear import RowParallelLinear
 from engine.models.config import TransformerConfig
 from engine.models.kv_cache import KVCache
 from engine.models.layers import RMSNorm, attend, rotate_
@@ -35,8 +37,6 @@ from engine.models.options import ModelOptions
 from engine.models.packed_step import PartPlan, StepPlan, packed_tokens, plan_step, rotary_dtype
 from engine.models.projections import MLP, FusedLinear, fused_projection
 from engine.models.step_inputs import RefreshPart, WindowPart
-from engine.parallel import vocab
-from engine.parallel.shard import all_reduce
 
 
 def each_row(function, x: torch.Tensor, spans: tuple[tuple[int, int], ...] | None) -> torch.Tensor:
@@ -59,8 +59,8 @@ class Attention(nn.Module):
         self.rotary_dim = config.rotary_dim
         q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         self.qkv_proj = fused_projection(self, "qkv_proj", config.hidden_size, {
-            "q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}, config.qkv_bias, alias="query_key_value")
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+            "q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}, config.qkv_bias, "query_key_value", config.shard)
+        self.o_proj = RowParallelLinear(q_size, config.hidden_size, config.shard)  # sums the heads over the ranks
         # per-head RMSNorm of q and k before RoPE (SDAR, LLaDA2)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
@@ -121,23 +121,23 @@ class Attention(nn.Module):
 class Layer(nn.Module):
     def __init__(self, config: TransformerConfig, index: int):
         super().__init__()
-        self.shard = config.shard  # split: attention and MLP outputs are partial sums, added over the ranks
         self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.attention = Attention(config)
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         moe = config.moe
         if moe is None or index < moe.first_k_dense_replace:
-            self.mlp = MLP(config.hidden_size, config.intermediate_size)
-        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, config.shard)
+        else:  # the shared expert's partial sum joins the routed experts' before the one sum over the ranks
             shared = moe.moe_intermediate_size * moe.num_shared_experts
-            self.mlp = MoE(config.hidden_size, moe, MLP(config.hidden_size, shared) if shared else None)
+            self.mlp = MoE(config.hidden_size, moe, MLP(config.hidden_size, shared, config.shard, reduce_results=False)
+                           if shared else None, config.shard)
 
     def forward(self, x: torch.Tensor, plan: StepPlan, layer: int) -> torch.Tensor:
-        x = x + all_reduce(self.attention(self.input_norm(x), plan, layer), self.shard)
+        x = x + self.attention(self.input_norm(x), plan, layer)
         spans = plan.token_spans if self.attention.batch_invariant else None
         if isinstance(self.mlp, MoE):  # per row in batch-invariant mode, routing included
-            return x + all_reduce(self.mlp(self.post_attention_norm(x), spans, plan.routing_blocks), self.shard)
-        return x + all_reduce(each_row(self.mlp, self.post_attention_norm(x), spans), self.shard)
+            return x + self.mlp(self.post_attention_norm(x), spans, plan.routing_blocks)
+        return x + each_row(self.mlp, self.post_attention_norm(x), spans)
 
 
 class BidirectionalTransformer(nn.Module):

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers import vocab
 from engine.models.anchored.config import AnchoredConfig
 from engine.models.anchored.spans import SpanPlan, SpanStep, plan_spans, split_by_row
 from engine.models.layers import RMSNorm, attend, rotate_
 from engine.models.options import ModelOptions
-from engine.parallel import vocab
 from engine.parallel.shard import all_reduce
 
 Groups = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]  # per group of rows: packed

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers import vocab
 from engine.layers.fp8_modules import expert_views
 from engine.models.diffusion_gemma.attention import attention as layer_attention
 from engine.models.diffusion_gemma.config import GemmaTextConfig, LayerShape
@@ -25,7 +26,6 @@ from engine.models.diffusion_gemma.layers import (
 )
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePlan, StorePlan, plan_decode, plan_store, split_by_row
 from engine.models.options import ModelOptions
-from engine.parallel import vocab
 from engine.parallel.shard import all_reduce, gather_vocabulary
 
 
