@@ -13,12 +13,14 @@ import torch.nn.functional as F
 
 from engine.models.diffusion_gemma.layers import Experts
 from engine.models.moe import gelu_tanh, grouped_mm_supported
+from engine.parallel.shard import WHOLE
 
 NUM_EXPERTS, SIZE, HIDDEN = 8, 16, 32
 
 
 def random_experts(dtype: torch.dtype, seed: int = 0) -> Experts:
-    experts = Experts(SimpleNamespace(num_experts=NUM_EXPERTS, moe_intermediate_size=SIZE, hidden_size=HIDDEN))
+    experts = Experts(SimpleNamespace(num_experts=NUM_EXPERTS, moe_intermediate_size=SIZE, hidden_size=HIDDEN,
+                                      shard=WHOLE))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in experts.parameters():

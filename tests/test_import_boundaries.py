@@ -146,3 +146,23 @@ def test_the_engine_top_level_holds_only_the_public_api_and_its_sides():
     top = {path.name for path in (ROOT / "engine").iterdir() if not path.name.startswith((".", "__pycache__"))}
     assert top == {"__init__.py", "lazy_exports.py", "config.py", "engine.py",
                    "scheduling", "rules", "runner", "models", "layers", "oracle", "parallel", "structured"}
+
+
+COLLECTIVES = {"engine.parallel.shard.all_reduce", "engine.parallel.shard.all_reduce_max",
+               "engine.parallel.shard.all_gather", "engine.parallel.shard.gather_vocabulary", "torch.distributed"}
+
+
+def collectives_imported(package: str) -> dict[str, list[str]]:
+    """Per module of ``package``, the collectives it imports (a module that calls one must import it)."""
+    found = {}
+    for path in (ROOT / package.replace(".", "/")).rglob("*.py"):
+        name = module_name(path)
+        names = imported_names(ast.parse(path.read_text()), name, path.name == "__init__.py") & COLLECTIVES
+        if names:
+            found[name] = sorted(names)
+    return found
+
+
+def test_no_model_file_calls_a_collective_the_layer_kit_owns_them():
+    assert collectives_imported("engine.models") == {}
+    assert set(collectives_imported("engine.layers")) >= {"engine.layers.linear", "engine.layers.vocab"}

@@ -52,6 +52,23 @@ class VocabularyHead(nn.Module):
         return F.linear(hidden, self.weight)
 
 
+def tied_logits(embedding: nn.Module, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits ``[..., vocab_size]`` of a head tied to ``embedding`` (an ``nn.Embedding`` or this rank's
+    :class:`VocabularyEmbedding`): every rank's vocabulary columns joined on each."""
+    local = F.linear(hidden, embedding.weight)
+    if not isinstance(embedding, VocabularyEmbedding):
+        return local
+    return gather_vocabulary(local, embedding.shard, vocab_size)
+
+
+def weighted_embeddings(embedding: nn.Module, probabilities: torch.Tensor) -> torch.Tensor:
+    """``probabilities [..., vocab] @ embeddings``: split, each rank's vocabulary rows weigh its own embeddings
+    and the sum over the ranks is the whole product (no rank gathers the embedding)."""
+    if not isinstance(embedding, VocabularyEmbedding):
+        return torch.matmul(probabilities, embedding.weight)
+    return all_reduce(torch.matmul(embedding.share(probabilities), embedding.weight), embedding.shard)
+
+
 def embedding(vocab_size: int, hidden_size: int, shard: TensorShard) -> nn.Module:
     """``nn.Embedding`` on one device, else this rank's :class:`VocabularyEmbedding` (same ``weight`` name)."""
     if not shard.is_split:

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers import vocab
+from engine.layers.linear import RowParallelLinear
 from engine.models.anchored.config import AnchoredConfig
 from engine.models.anchored.spans import SpanPlan, SpanStep, plan_spans, split_by_row
 from engine.models.layers import RMSNorm, attend, rotate_
 from engine.models.options import ModelOptions
-from engine.parallel.shard import all_reduce
 
 Groups = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]  # per group of rows: packed
 # token indices, their box indices, the rows' slots, the mask [rows, 1, span, width] (engine.models.anchored.spans)
@@ -53,7 +53,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+        self.o_proj = RowParallelLinear(self.heads * self.head_dim, config.hidden_size, config.shard)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor, groups: Groups,
                 cos: torch.Tensor, signed_sin: torch.Tensor, query_scale: torch.Tensor | None, keys: torch.Tensor,
@@ -90,17 +90,15 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = nn.ModuleDict({name: nn.Linear(*shape, bias=False) for name, shape in (
             ("gate_proj", (config.hidden_size, config.intermediate_size)),
-            ("up_proj", (config.hidden_size, config.intermediate_size)),
-            ("down_proj", (config.intermediate_size, config.hidden_size)))})
-        self.shard = config.shard  # split: attention and MLP outputs are partial sums, added over the ranks
+            ("up_proj", (config.hidden_size, config.intermediate_size)))})
+        self.mlp["down_proj"] = RowParallelLinear(config.intermediate_size, config.hidden_size, config.shard)
 
     def forward(self, x, positions, write_slots, groups, cos, signed_sin, query_scale, keys, values):
         attended = self.self_attn(self.input_layernorm(x), positions, write_slots, groups, cos, signed_sin, query_scale,
                                   keys, values)
-        x = x + all_reduce(attended, self.shard)
+        x = x + attended
         h = self.post_attention_layernorm(x)
-        return x + all_reduce(self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](h)) * self.mlp["up_proj"](h)),
-                              self.shard)
+        return x + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](h)) * self.mlp["up_proj"](h))
 
 
 def run_layers(model: AnchoredTransformer, x: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,

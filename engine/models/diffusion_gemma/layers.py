@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.fp8_modules import expert_scales
+from engine.layers.linear import ColumnParallelLinear, RankSum, RowParallelLinear
 from engine.models.diffusion_gemma.config import GemmaTextConfig, LayerShape
 from engine.models.moe import gelu_tanh, grouped_experts, sort_by_expert
-from engine.parallel.shard import all_reduce
+from engine.parallel.shard import WHOLE, TensorShard
 
 
 class GemmaRMSNorm(nn.Module):
@@ -33,11 +34,13 @@ class GemmaRMSNorm(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    """``down(gelu_tanh(gate(x)) * up(x))``; split over ranks, ``down`` sums its output over them."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, shard: TensorShard = WHOLE):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, shard=shard)
+        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, shard=shard)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
@@ -76,6 +79,7 @@ class Experts(nn.Module):
         size, hidden = config.moe_intermediate_size, config.hidden_size
         self.gate_up_proj = nn.Parameter(torch.empty(config.num_experts, 2 * size, hidden))
         self.down_proj = nn.Parameter(torch.empty(config.num_experts, hidden, size))
+        self.rank_sum = RankSum(config.shard)  # split: each expert's part of its width gives a partial sum
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """``x [tokens, hidden]``, ``weights`` and ``experts [tokens, k]`` -> ``[tokens, hidden]``."""
@@ -92,7 +96,7 @@ class Experts(nn.Module):
             out = torch.zeros_like(x)
             for slot in range(k):
                 out += parts[rows[:, slot]]
-            return out
+            return self.rank_sum(out)
         # below float32, index_add_ sums the repeats of an index in float32 and rounds once: slots that
         # repeat an expert (the router's top-k never gives them) are summed so, rounded at each new expert
         pair_experts = experts.flatten()[order][rows]
@@ -102,7 +106,7 @@ class Experts(nn.Module):
             if slot:
                 total = torch.where(repeats[:, slot - 1, None], total, total.to(x.dtype).to(wide))
             total += parts[rows[:, slot]]
-        return total.to(x.dtype)
+        return self.rank_sum(total.to(x.dtype))
 
 
 class SelfAttentionProjections(nn.Module):
@@ -116,7 +120,7 @@ class SelfAttentionProjections(nn.Module):
         self.k_proj = nn.Linear(hidden, shape.num_kv_heads * shape.head_dim, bias=False)
         self.v_proj = None if shape.values_from_keys else nn.Linear(hidden, shape.num_kv_heads * shape.head_dim,
                                                                     bias=False)
-        self.o_proj = nn.Linear(heads * shape.head_dim, hidden, bias=False)
+        self.o_proj = RowParallelLinear(heads * shape.head_dim, hidden, config.shard)
         self.q_norm = GemmaRMSNorm(shape.head_dim, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(shape.head_dim, config.rms_norm_eps)
         self.v_norm = GemmaRMSNorm(shape.head_dim, config.rms_norm_eps, with_scale=False)
@@ -147,10 +151,9 @@ class SelfConditioning(nn.Module):
         self.post_norm = GemmaRMSNorm(hidden, config.rms_norm_eps, with_scale=False)
         self.gate_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, hidden, bias=False)
-        self.shard = config.shard
+        self.down_proj = RowParallelLinear(config.intermediate_size, hidden, config.shard)
 
     def forward(self, embeddings: torch.Tensor, soft_embeddings: torch.Tensor) -> torch.Tensor:
         normed = self.pre_norm(soft_embeddings)
-        signal = all_reduce(self.down_proj(gelu_tanh(self.gate_proj(normed)) * self.up_proj(normed)), self.shard)
+        signal = self.down_proj(gelu_tanh(self.gate_proj(normed)) * self.up_proj(normed))
         return self.post_norm(embeddings + signal)

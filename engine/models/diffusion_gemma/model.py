@@ -8,7 +8,6 @@ apart). Logits exist only for canvas positions: a store reads none.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.layers import vocab
@@ -26,7 +25,6 @@ from engine.models.diffusion_gemma.layers import (
 )
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePlan, StorePlan, plan_decode, plan_store, split_by_row
 from engine.models.options import ModelOptions
-from engine.parallel.shard import all_reduce, gather_vocabulary
 
 
 class DecoderLayer(nn.Module):
@@ -35,7 +33,7 @@ class DecoderLayer(nn.Module):
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.shape = shape
         self.self_attn = SelfAttentionProjections(config, shape)
-        self.mlp = GatedMLP(hidden, config.intermediate_size)
+        self.mlp = GatedMLP(hidden, config.intermediate_size, config.shard)
         self.router = Router(config)
         self.experts = Experts(config)
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -44,14 +42,13 @@ class DecoderLayer(nn.Module):
             setattr(self, name, GemmaRMSNorm(hidden, eps))
         self.register_buffer("layer_scalar", torch.ones(1))  # the decoder's
         self.register_buffer("encoder_layer_scalar", torch.ones(1))  # the encoder's, kept apart
-        self.shard = config.shard  # split: attention, MLP and experts give partial sums, added before their norms
 
     def forward(self, x: torch.Tensor, attention, num_store: int) -> torch.Tensor:
-        x = x + self.post_attention_layernorm(all_reduce(attention(self.input_layernorm(x)), self.shard))
-        dense = self.post_feedforward_layernorm_1(all_reduce(self.mlp(self.pre_feedforward_layernorm(x)), self.shard))
+        # split over ranks, attention, the MLP and the experts each sum their outputs before the norms that follow
+        x = x + self.post_attention_layernorm(attention(self.input_layernorm(x)))
+        dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
         weights, experts = self.router(x)
-        routed = self.experts(self.pre_feedforward_layernorm_2(x), weights, experts)
-        routed = self.post_feedforward_layernorm_2(all_reduce(routed, self.shard))
+        routed = self.post_feedforward_layernorm_2(self.experts(self.pre_feedforward_layernorm_2(x), weights, experts))
         x = x + self.post_feedforward_layernorm(dense + routed)
         scalars = torch.cat([self.encoder_layer_scalar.expand(num_store),
                              self.layer_scalar.expand(x.shape[0] - num_store)])
@@ -167,8 +164,7 @@ class DiffusionGemmaTransformer(nn.Module):
         if self.options.batch_invariant and hidden.shape[0] > 1:
             return torch.cat([self.logits(row) for row in hidden.split(1)])
         cap = self.config.final_logit_softcapping
-        logits = gather_vocabulary(F.linear(hidden, self.embed_tokens.weight), self.config.shard,
-                                   self.config.vocab_size).float()
+        logits = vocab.tied_logits(self.embed_tokens, hidden, self.config.vocab_size).float()
         return logits.div_(cap).tanh_().mul_(cap)
 
     def soft_embeddings(self, processed_logits: torch.Tensor) -> torch.Tensor:
@@ -178,11 +174,7 @@ class DiffusionGemmaTransformer(nn.Module):
             return torch.cat([self.soft_embeddings(row) for row in processed_logits.split(1)])
         probabilities = processed_logits.to(self.dtype).softmax(dim=-1, dtype=torch.float32).to(self.dtype)
         scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(self.dtype)
-        if not self.config.shard.is_split:
-            return torch.matmul(probabilities, self.embed_tokens.weight) * scale
-        # each rank's vocabulary rows weigh its own embeddings; the sum over ranks is the whole product
-        partial = torch.matmul(self.embed_tokens.share(probabilities), self.embed_tokens.weight)
-        return all_reduce(partial, self.config.shard) * scale
+        return vocab.weighted_embeddings(self.embed_tokens, probabilities) * scale
 
     def rotary_tables(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Each layer kind's ``cos``, ``sin`` at ``positions``, computed once per kind, not once per layer."""
