@@ -51,6 +51,11 @@ EXPERIMENTS: dict[str, Experiment] = {
                                     ("--rounds", "1"), ()), None, False,
                           "LLaDA2.1's token editing (S, Q) against LLaDA2.0's rule on the LLaDA2 fixture: "
                           "tokens per forward, step cost, tok/s"),
+    "indel-editing": Experiment("research.indel_editing",
+                                ScaleArgs(("--layers", "3", "--requests", "4", "--batch", "4", "--rounds", "1"),
+                                          ("--rounds", "1"), ()), None, False,
+                                "LLaDA2.2's insert / delete editing against LLaDA2.1's editing and LLaDA2.0's rules "
+                                "on a LLaDA2.2 checkpoint: tokens per forward, edits, deletes, splits, tok/s"),
     "prefix-cache": Experiment("research.prefix_cache", SCALE_FLAG, OUT_DIR, False,
                                "prefix caching on vs off: a shared instruction and a chat replay, SDAR, LLaDA2 "
                                "and DiffusionGemma"),

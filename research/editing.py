@@ -48,8 +48,8 @@ BASELINE = "LLaDA2.0"
 class ModeRun:
     """One mode's engine on the workload, stepped from outside; what its steps cost and counted."""
 
-    def __init__(self, lm, mode: str, prompts, params, batch: int):
-        self.engine = BlockServeEngine(lm, EngineConfig(block_length=BLOCK, max_batch_size=batch, **MODES[mode]))
+    def __init__(self, lm, settings: dict, prompts, params, batch: int):
+        self.engine = BlockServeEngine(lm, EngineConfig(block_length=BLOCK, max_batch_size=batch, **settings))
         self.ids = [self.engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
         self.batch, self.busy_s, self.outputs = batch, 0.0, {}
         self.window_steps = []  # (seconds, logit positions, keys) of each window step of a full batch
@@ -70,16 +70,17 @@ class ModeRun:
                 "window_steps": len(self.window_steps), "logit_positions": median(positions), "keys": median(keys),
                 "steps": stats.denoise_steps, "row_forwards": stats.row_forwards,
                 "post_mask_forwards": stats.counters.get("post_mask_forwards", 0),
-                "edits": stats.counters.get("edits", 0),
+                "edits": stats.counters.get("edits", 0), "deletes": stats.counters.get("deletes", 0),
+                "splits": stats.counters.get("splits", 0),
                 "generated_tokens": stats.generated_tokens, "tokens_per_forward": stats.tokens_per_forward,
                 "tokens_per_s": stats.generated_tokens / self.busy_s}
 
 
-def lockstep_round(lm, order: list[str], prompts, params, batch: int) -> dict[str, dict]:
-    """The modes' engines on one workload, one step each in turn (``order``) until all are done: a change
-    in the machine's load falls on every mode that is still running. Tokens per second is over each
-    engine's own step time."""
-    runs = {mode: ModeRun(lm, mode, prompts, params, batch) for mode in order}
+def lockstep_round(lm, order: list[str], prompts, params, batch: int, modes: dict = MODES) -> dict[str, dict]:
+    """The modes' engines on one workload, one step each in turn (``order``, names of ``modes``) until all
+    are done: a change in the machine's load falls on every mode that is still running. Tokens per second
+    is over each engine's own step time."""
+    runs = {mode: ModeRun(lm, modes[mode], prompts, params, batch) for mode in order}
     while any(run.engine.has_unfinished_requests() for run in runs.values()):
         for run in runs.values():
             if run.engine.has_unfinished_requests():
@@ -87,25 +88,27 @@ def lockstep_round(lm, order: list[str], prompts, params, batch: int) -> dict[st
     return {mode: run.summary() for mode, run in runs.items()}
 
 
-def compare(lm, layers: int, requests: int, batch: int, rounds: int) -> dict:
-    """Every mode ``rounds`` times, interleaved; per mode its figures (medians over rounds) and its ratios
-    to LLaDA2.0 (the median of each round's ratio)."""
+def compare(lm, layers: int, requests: int, batch: int, rounds: int, modes: dict = MODES,
+            baseline: str = BASELINE) -> dict:
+    """Every mode of ``modes`` ``rounds`` times, interleaved; per mode its figures (medians over rounds) and
+    its ratios to ``baseline`` (the median of each round's ratio)."""
     prompts, params = mixed_prompts(lm, requests)
     never_stop = {stop: -100.0 for stop in lm.special_ids.stop_ids}  # every answer is its whole cap
     params = [dataclasses.replace(p, logit_bias=never_stop) for p in params]
-    names = list(MODES)
+    names = list(modes)
     runs = {name: [] for name in names}
     for round_index in range(rounds):
         order = names[round_index % len(names):] + names[:round_index % len(names)]
-        for name, run in lockstep_round(lm, order, prompts, params, batch).items():
+        for name, run in lockstep_round(lm, order, prompts, params, batch, modes).items():
             runs[name].append(run)
     table = {}
     for name in names:
-        first, base = runs[name][0], runs[BASELINE]
+        first, base = runs[name][0], runs[baseline]
         table[name] = {
             "tokens_per_forward": round(first["tokens_per_forward"], 3),
             "post_mask_share": round(first["post_mask_forwards"] / first["row_forwards"], 3),
-            "edits": first["edits"], "steps": first["steps"], "window_steps": first["window_steps"],
+            "edits": first["edits"], "deletes": first["deletes"], "splits": first["splits"],
+            "steps": first["steps"], "window_steps": first["window_steps"],
             "logit_positions": first["logit_positions"], "keys": first["keys"],
             "rows_per_step": round(first["row_forwards"] / first["steps"], 2),
             "step_ms": round(median(run["step_ms"] for run in runs[name]), 2),
@@ -119,7 +122,7 @@ def compare(lm, layers: int, requests: int, batch: int, rounds: int) -> dict:
         row["step_ms_ratio"], row["tokens_per_s_ratio"] = (median(row[key]) for key in (
             "step_ms_ratios", "tokens_per_s_ratios"))
     return {"layers": layers, "requests": requests, "batch": batch, "rounds": rounds,
-            "output_tokens": runs[BASELINE][0]["generated_tokens"], "modes": table}
+            "output_tokens": runs[baseline][0]["generated_tokens"], "modes": table}
 
 
 def markdown(results: list[dict]) -> str:

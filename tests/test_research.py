@@ -138,6 +138,16 @@ def test_editing_compares_llada21s_modes_with_llada20s_rule_on_one_workload():
     assert all(row["window_steps"] > 0 and row["tokens_per_s"] > 0 for row in modes.values())
 
 
+def test_indel_editing_deletes_and_splits_only_under_llada22s_rule():
+    from research import indel_editing
+
+    modes = indel_editing.main(["--layers", "3", "--requests", "4", "--batch", "4", "--rounds", "1"])[0]["modes"]
+    assert list(modes) == ["LLaDA2.0", "threshold", "S", "indel"]
+    assert modes["indel"]["deletes"] > 0 and modes["indel"]["splits"] > 0 and modes["indel"]["edits"] > 0
+    assert all(modes[name]["deletes"] == modes[name]["splits"] == 0 for name in ("LLaDA2.0", "threshold", "S"))
+    assert all(row["same_tokens_every_round"] and row["tokens_per_forward"] > 0 for row in modes.values())
+
+
 def test_nemotron_measures_each_mode_and_speculation_answers_as_autoregressive(tmp_path):
     from research.nemotron import main
 
