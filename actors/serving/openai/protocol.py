@@ -90,7 +90,8 @@ class _Request(BaseModel):
     top_k: int | None = Field(None, ge=-1)  # vLLM's extension, sampled rows (-1 or 0: off)
     logit_bias: dict[str, float] | None = None  # token id (as a JSON key) -> bias in [-100, 100]
     # BlockServe's extensions (EXTENSIONS); None: the server's. gen_length: a whole-sequence family's answer
-    # length; editing_threshold and max_post_steps: the request settings of decoding="joint_threshold"
+    # length; editing_threshold and max_post_steps: the request settings of decoding="joint_threshold" and
+    # "joint_threshold_indel"
     gen_length: int | None = Field(None, ge=1)
     editing_threshold: float | None = Field(None, ge=0.0, le=1.0)
     max_post_steps: int | None = Field(None, ge=0)
