@@ -56,7 +56,8 @@ def main() -> None:
                                                                torch_dtype=torch.float32).eval()
     block, stop, mask = config.bd_size, config.eos_token_id, config.mask_token_id
     rows = prompts(min(stop, mask) - 2, args.seed)
-    report = {"command": " ".join(["/tmp/ref67/bin/python", *sys.argv]), "transformers": _version("transformers"),
+    command = ["REF_VENV/bin/python", "research/peers/fast_dllm_v2_ref.py", *sys.argv[1:]]  # no machine's paths
+    report = {"command": " ".join(command), "transformers": _version("transformers"),
               "max_new_tokens": 3 * block, "prompts": rows, "settings": []}
     for threshold, sub_block in SETTINGS:
         answers = []
