@@ -161,3 +161,17 @@ def test_nemotron_measures_each_mode_and_speculation_answers_as_autoregressive(t
     projected = {(row["mode"], row["batch"], row.get("tokens_per_run")): row for row in results["h200_projection"]}
     assert projected["linear_spec", 1, 4]["tok_s"] > projected["autoregressive", 1, None]["tok_s"]
     assert json.loads((tmp_path / "nemotron.json").read_text())["meta"]["command"].startswith("python -m research")
+
+
+def test_gpu_checks_smoke_runs_fast_dllm_v2_at_batch_1_and_2(tmp_path):
+    from research import gpu_checks
+
+    results = gpu_checks.main(["--smoke", "--stages", "fast-dllm-v2", "--out", str(tmp_path)])
+    stage = json.loads((tmp_path / "gpu_checks.json").read_text())["stages"]["fast-dllm-v2"]
+    assert stage["decoding"] == {"decoding": "low_confidence", "threshold": 0.9, "sub_block_length": 8,
+                                 "block_length": 32} and not stage["cut"]
+    rows = results["stages"]["fast-dllm-v2"]["measured"]
+    assert [(row["batch"], row["requests"], row["tokens"]) for row in rows] == [(1, 2, 16), (2, 2, 16)]
+    assert rows[0]["model_calls"] == rows[0]["row_forwards"] > rows[1]["model_calls"]  # batch 1: a call per row
+    assert rows[0]["row_forwards"] == rows[1]["row_forwards"]  # the same decode, batched
+
