@@ -1,5 +1,5 @@
-"""The GPU checks of the compiled step (issue 41), prefix caching (issue 40), Nemotron's modes, tensor parallel
-and Fast-dLLM v2 (issue 67).
+"""The GPU checks of the compiled step (issue 41), prefix caching (issue 40), Nemotron's modes, tensor parallel,
+Fast-dLLM v2 (issue 67) and FP8 weights (issue 65).
 
     python -m research gpu-checks --out DIR            # one H200, under --time-budget-s
     python -m research gpu-checks --smoke --out DIR    # the same path on the CPU, tiny sizes
@@ -31,6 +31,9 @@ Stages, in this order (``--stages`` picks some):
 7. ``fast-dllm-v2``: Fast_dLLM_v2_7B's layer shapes (Qwen2.5-7B) in bf16 with the fixture's vocabulary, eager,
    ``low_confidence`` 0.9 in sub-blocks of 8, batch 1 and 32 (``research.fast_dllm_v2_7b``): tok/s, tokens per
    forward, model calls.
+8. ``fp8``: LLaDA2.0-mini's widths (8 layers) loaded in bf16 and with ``quantization="fp8"``, stepped in turn on
+   the same requests (``research.fp8_weights``): step time ratio, weight bytes, memory, ``torch._scaled_mm``
+   calls, answer tokens that agree.
 
 ``prefix-cache-compiled``, only when named, is stage 3 on a compiled model: each mode runs once to
 compile and capture its graphs before the timed rounds. Eagerly the step's host cost is the same with
@@ -66,10 +69,11 @@ from engine.models.transformer import BidirectionalTransformer
 from research import prefix_cache
 from research.compiled_step import Workload
 from research.fast_dllm_v2_7b import fast_dllm_v2_7b
+from research.fp8_weights import fp8_weights
 from research.gpu_tensor_parallel import tensor_parallel
 
-STAGES = ("tensor-parallel", "compiled", "prefix-cache", "compiled-8b", "compiled-canvas", "nemotron",
-          "fast-dllm-v2")  # in order
+STAGES = ("tensor-parallel", "compiled", "prefix-cache", "compiled-8b", "compiled-canvas", "nemotron", "fast-dllm-v2",
+          "fp8")  # in order
 FAMILY_LAYERS = {"tiny-llada": 32, "tiny-sdar": 32, "tiny-llada2": 32, "tiny-dream": 32}
 SDAR_8B = dict(num_layers=36, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=12288)
 NEMOTRON_8B = dict(num_layers=34, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
@@ -243,8 +247,8 @@ def nemotron_8b(device: str, smoke: bool, stop_at: float) -> dict:
 
 RUNNERS = {"compiled": compiled_families, "compiled-canvas": compiled_canvas, "prefix-cache": prefix_cache_8b,
            "compiled-8b": compiled_8b, "prefix-cache-compiled": functools.partial(prefix_cache_8b, compile=True),
-           "nemotron": nemotron_8b, "tensor-parallel": tensor_parallel,
-           "fast-dllm-v2": fast_dllm_v2_7b}
+           "nemotron": nemotron_8b, "tensor-parallel": tensor_parallel, "fast-dllm-v2": fast_dllm_v2_7b,
+           "fp8": fp8_weights}
 
 
 def main(argv: list[str] | None = None) -> dict:

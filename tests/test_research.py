@@ -175,3 +175,14 @@ def test_gpu_checks_smoke_runs_fast_dllm_v2_at_batch_1_and_2(tmp_path):
     assert rows[0]["model_calls"] == rows[0]["row_forwards"] > rows[1]["model_calls"]  # batch 1: a call per row
     assert rows[0]["row_forwards"] == rows[1]["row_forwards"]  # the same decode, batched
 
+
+def test_gpu_checks_smoke_runs_fp8_against_bf16_on_the_same_requests(tmp_path):
+    from research import gpu_checks
+
+    stage = gpu_checks.main(["--smoke", "--stages", "fp8", "--out", str(tmp_path)])["stages"]["fp8"]
+    assert "error" not in stage and not stage["cut"] and stage["steps"]["bf16"] > 0 and stage["steps"]["fp8"] > 0
+    memory = stage["memory"]
+    assert memory["bf16"]["fp8_weight_bytes"] == 0 < memory["fp8"]["fp8_weight_bytes"]
+    assert memory["fp8"]["weight_bytes"] < memory["bf16"]["weight_bytes"]
+    assert stage["scaled_mm_calls"] == 0 and not stage["scaled_mm_supported"]  # the CPU dequantizes
+    assert stage["agreement"]["of"] == 2 and stage["agreement"]["of_tokens"] == 16
