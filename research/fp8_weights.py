@@ -20,7 +20,6 @@ import contextlib
 import json
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ from engine.models import load_model
 from engine.models.families import family_named
 from engine.models.loader import DiffusionLM
 from research.compiled_step import Workload
+from research.gpu_tensor_parallel import in_turn
 from scripts.fixture_parts import random_model
 from tinylm.export import save_checkpoint
 
@@ -88,24 +88,6 @@ def loaded(directory: Path, device: str, quantization: str | None) -> tuple[Diff
     return lm, {"weight_bytes": weights, "fp8_weight_bytes": fp8, "load_allocated_bytes": memory_now(device) - before}
 
 
-def run(engines: dict[str, BlockServeEngine], prompts: list, params: list, stop_at: float) -> dict:
-    """The engines stepped in turn until done or ``stop_at``: each one's step seconds and answers."""
-    ids = {mode: [engine.add_request(p, q) for p, q in zip(prompts, params)] for mode, engine in engines.items()}
-    answers: dict = {mode: {} for mode in engines}
-    steps: dict = {mode: [] for mode in engines}
-    while any(engine.has_unfinished_requests() for engine in engines.values()):
-        if time.perf_counter() > stop_at:
-            return {"steps": steps, "answers": None, "cut": True}
-        for mode, engine in engines.items():
-            if engine.has_unfinished_requests():
-                started = time.perf_counter()
-                finished = engine.step().finished
-                steps[mode].append(time.perf_counter() - started)
-                answers[mode].update({o.request_id: o.token_ids for o in finished})
-    return {"steps": steps, "answers": {mode: [answers[mode][i] for i in ids[mode]] for mode in engines},
-            "cut": False}
-
-
 def agreement(ours: list[list[int]], theirs: list[list[int]]) -> dict:
     """Answers equal, and answer tokens equal at the same position (over the bf16 answers' tokens)."""
     return {"answers_equal": sum(a == b for a, b in zip(ours, theirs)), "of": len(theirs),
@@ -124,10 +106,11 @@ def compare(directory: Path, device: str, requests: int, new_tokens: int, batch:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         before = memory_now(device)
-        run({mode: BlockServeEngine(lm, config)}, prompts[:batch], params[:batch], stop_at)
+        in_turn({mode: BlockServeEngine(lm, config)}, prompts[:batch], params[:batch], stop_at)
         memory[mode]["run_peak_above_bytes"] = (torch.cuda.max_memory_allocated() - before) if device == "cuda" else 0
     with counting_scaled_mm() as counts:
-        result = run({mode: BlockServeEngine(lm, config) for mode, lm in models.items()}, prompts, params, stop_at)
+        result = in_turn({mode: BlockServeEngine(lm, config) for mode, lm in models.items()}, prompts, params,
+                         stop_at)
     step_ms = {mode: median(times) * 1e3 if times else None for mode, times in result["steps"].items()}
     layer = models["fp8"].model.config
     return {"requests": requests, "new_tokens": new_tokens, "batch": batch, "cut": result["cut"],

@@ -70,7 +70,7 @@ from research import prefix_cache
 from research.compiled_step import Workload
 from research.fast_dllm_v2_7b import fast_dllm_v2_7b
 from research.fp8_weights import fp8_weights
-from research.gpu_tensor_parallel import tensor_parallel
+from research.gpu_tensor_parallel import in_turn, tensor_parallel
 
 STAGES = ("tensor-parallel", "compiled", "prefix-cache", "compiled-8b", "compiled-canvas", "nemotron", "fast-dllm-v2",
           "fp8")  # in order
@@ -131,20 +131,7 @@ def alternate(models: dict[str, DiffusionLM], prompts, params, batch: int, stop_
     answers, and whether the deadline cut the run."""
     config = EngineConfig(max_batch_size=batch, max_model_len=256)  # prompts of <= 45 tokens, <= 64 new
     engines = {mode: BlockServeEngine(lm, config) for mode, lm in models.items()}
-    ids = {mode: [engine.add_request(p, q) for p, q in zip(prompts, params)] for mode, engine in engines.items()}
-    answers: dict = {mode: {} for mode in engines}
-    steps: dict = {mode: [] for mode in engines}
-    while any(engine.has_unfinished_requests() for engine in engines.values()):
-        if time.perf_counter() > stop_at:
-            return {"steps": steps, "answers": None, "cut": True}
-        for mode, engine in engines.items():
-            if engine.has_unfinished_requests():
-                started = time.perf_counter()
-                finished = engine.step().finished
-                steps[mode].append(time.perf_counter() - started)
-                answers[mode].update({o.request_id: o.token_ids for o in finished})
-    return {"steps": steps, "answers": {mode: [answers[mode][i] for i in ids[mode]] for mode in engines},
-            "cut": False}
+    return in_turn(engines, prompts, params, stop_at)
 
 
 def eager_vs_compiled(models: dict[str, DiffusionLM], requests: int, new_tokens: int, batch: int,

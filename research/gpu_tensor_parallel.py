@@ -28,8 +28,9 @@ def skip_reason() -> str | None:
     return None if count >= 2 else f"this machine has {count} GPU(s); tensor parallel needs 2 or more"
 
 
-def in_turn(engines: dict[int, BlockServeEngine], prompts, params, stop_at: float) -> dict:
-    """Each engine's step seconds and answers, stepping them in turn until done or ``stop_at``."""
+def in_turn(engines: dict, prompts, params, stop_at: float) -> dict:
+    """Each engine's step seconds and answers (by the engines' keys), stepping them in turn until done or
+    ``stop_at``; ``cut`` says whether the deadline stopped them."""
     ids = {size: [engine.add_request(p, q) for p, q in zip(prompts, params)] for size, engine in engines.items()}
     answers: dict = {size: {} for size in engines}
     steps: dict = {size: [] for size in engines}
