@@ -1,6 +1,6 @@
 """LLaDA2.2's insert / delete editing against LLaDA2.1's editing and LLaDA2.0's rules, on one LLaDA2.2 checkpoint.
 
-The LLaDA2.2-layout fixture (``tests/llada22_helpers.write_llada22``: ``tiny-llada2`` with block routing on,
+The LLaDA2.2-layout fixture (``scripts/make_llada22_fixture.write_llada22``: ``tiny-llada2`` with block routing on,
 ``expert_capacity`` 4 of 8 experts over blocks of 32, DELETE and SPLIT ids, LLaDA2.2's two stop ids) and its
 32-layer copy (same config, random layers, the DELETE / SPLIT output rows scaled as the fixture scales them, so
 that they win some argmaxes), float32, one thread. Every mode decodes the same model, block routing included:
@@ -31,7 +31,7 @@ from benchmarks.host_ops import with_layers
 from engine.models import load_model
 from research.block_causal import torch_threads
 from research.editing import compare
-from tests.llada22_helpers import EDIT_ROW_SCALE, write_llada22
+from scripts.make_llada22_fixture import EDIT_ROW_SCALE, write_llada22
 
 MODES = {  # name -> EngineConfig settings
     "LLaDA2.0": {"decoding": "low_confidence_dynamic", "threshold": 0.95, "steps_per_block": 32},

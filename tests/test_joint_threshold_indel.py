@@ -24,7 +24,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.engine import BlockServeEngine
 from engine.models.loader import load_model
 from engine.rules.joint_threshold_indel import JointThresholdIndel
-from tests.llada22_helpers import write_llada22
+from scripts.make_llada22_fixture import write_llada22
 
 SETTINGS = ({}, {"editing_threshold": 0.5}, {"max_post_steps": 2}, {"max_post_steps": 0})  # per request
 

@@ -19,7 +19,7 @@ from engine.models.loader import load_model
 from engine.models.moe import MoE, Router, routing_blocks
 from engine.models.transformer import Layer
 from engine.parallel.shard import TensorShard
-from tests.llada22_helpers import EXPERT_CAPACITY, write_llada22
+from scripts.make_llada22_fixture import EXPERT_CAPACITY, write_llada22
 
 CAPACITY_MOE = MoEConfig(num_experts=8, experts_per_token=2, moe_intermediate_size=8, n_group=4, topk_group=2,
                          routed_scaling_factor=2.5, expert_capacity=4, routing_block=4)

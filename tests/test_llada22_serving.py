@@ -1,7 +1,8 @@
 """LLaDA2.2's insert / delete editing through the doors, without Ray: the real OpenAIServer over a real EngineLoop
-on the LLaDA2.2-layout fixture (``tests/llada22_helpers``), its steps recorded by a ServeMetrics whose Ray metrics
-are stand-ins. A request's ``editing_threshold`` / ``max_post_steps`` reach the rule; a stream sends each block when
-it is final; the rule's edits, deletes and splits reach the engine's stats, the Serve metric and the job summary."""
+on the LLaDA2.2-layout fixture (``scripts/make_llada22_fixture``), its steps recorded by a ServeMetrics whose Ray
+metrics are stand-ins. A request's ``editing_threshold`` / ``max_post_steps`` reach the rule; a stream sends each
+block when it is final; the rule's edits, deletes and splits reach the engine's stats, the Serve metric and the job
+summary."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +16,7 @@ from actors.serving import serve_metrics
 from actors.serving.openai.protocol import CompletionRequest
 from actors.serving.openai.server import OpenAIServer
 from engine import BlockServeEngine, EngineConfig, SamplingParams
-from tests.llada22_helpers import write_llada22
+from scripts.make_llada22_fixture import write_llada22
 from tests.serve_helpers import wait_until
 
 MODEL = "tiny-llada2.2"

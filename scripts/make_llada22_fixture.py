@@ -14,8 +14,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from tests.conftest import FIXTURES
-
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 EXPERT_CAPACITY = 4
 BLOCK_SIZE = 32
 DELETE_TOKEN, SPLIT_TOKEN = "~", "`"  # characters of the fixture's vocabulary
