@@ -9,8 +9,8 @@ greedy (``temperature=0``), ``use_block_cache=False``, float32 on the CPU with `
 batch of the four shortest prompts warms up; then the whole list is timed. A forward is one call of the decoder stack.
 An answer is the tokens after its prompt, cut before its first stop and at the loop's last block.
 
-    /tmp/ref67/bin/python research/peers/fast_dllm_v2_batch.py --peer-dir /tmp/ref67src/peer \\
-        --loop /tmp/f67_genfuncs.py --checkpoint CKPT --prompts PROMPTS.json --out PEER.json
+    REF_VENV/bin/python research/peers/fast_dllm_v2_batch.py --peer-dir PEER_DIR \\
+        --loop GENERATION_FUNCTIONS.py --checkpoint CKPT --prompts PROMPTS.json --out PEER.json
 """
 from __future__ import annotations
 

@@ -7,11 +7,11 @@ its default and was deleted). It runs under transformers 4.53 (the release's ``t
 environment. Each prompt runs alone (the loop reads its stop from the first row only), greedy
 (``temperature=0``), float32 on the CPU, ``use_block_cache=False``, for every (threshold, small_block_size) of
 :data:`SETTINGS`, over ``max_new_tokens`` = 3 blocks. Answers are the loop's tokens after the prompt, cut after its
-first stop, as it returns them.
+first stop, as it returns them. ``REF_VENV`` is a virtual environment with transformers 4.53.3 and torch.
 
-    python -m scripts.make_fast_dllm_fixture /tmp/fdllm/tiny-fast_dllm_v2
-    /tmp/ref67/bin/python research/peers/fast_dllm_v2_ref.py --peer-dir runs/peers/ref/fast_dllm_v2 \\
-        --checkpoint /tmp/fdllm/tiny-fast_dllm_v2 --out tests/fixtures/fast_dllm_v2_remote_code.json
+    python -m scripts.make_fast_dllm_fixture runs/fast-dllm-v2/tiny
+    REF_VENV/bin/python research/peers/fast_dllm_v2_ref.py --peer-dir runs/peers/ref/fast_dllm_v2 \\
+        --checkpoint runs/fast-dllm-v2/tiny --out tests/fixtures/fast_dllm_v2_remote_code.json
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Fast-dLLM v2: the engine against the model's own batched loop (NVlabs' ``batch_sample``, as its eval runs it),
 tokens per forward and tok/s, in interleaved rounds on the CPU.
 
-    python -m scripts.make_fast_dllm_fixture /tmp/f67b/deep12 12
-    .venv/bin/python -m research.peers.fast_dllm_v2_throughput --checkpoint /tmp/f67b/deep12 --out /tmp/f67b/out \\
-        --peer-python /tmp/ref67/bin/python --peer-dir /tmp/ref67src/peer --loop generation_functions.py
+    python -m scripts.make_fast_dllm_fixture runs/fast-dllm-v2/deep12 12
+    .venv/bin/python -m research.peers.fast_dllm_v2_throughput --checkpoint runs/fast-dllm-v2/deep12 \\
+        --out runs/fast-dllm-v2/out \\
+        --peer-python REF_VENV/bin/python --peer-dir PEER_DIR --loop generation_functions.py
 
 ``--prompts`` prompts of ordinary ids (lengths uniform in 8..100, seed 0) are written to ``--out``. Each round
 runs the peer's loop in its own environment (``fast_dllm_v2_batch.py`` beside this file: sorted by length, batches
