@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from engine.layers.fp8 import FP8, ExpertScales, fp8_linear
-from engine.layers.linear import RowParallelLinear
+from engine.layers.linear import RowParallelLinear, part_views
 from engine.layers.quantization import Fp8Scheme
 from engine.parallel.shard import WHOLE, TensorShard, all_reduce
 
@@ -63,15 +63,7 @@ class Fp8Linear(nn.Module):
     def views(self, prefix: str) -> dict[str, torch.Tensor]:
         """A fused layer's checkpoint tensors: each part's ``weight``, ``weight_scale`` (and ``bias``), and the
         whole under ``alias`` when it has one."""
-        views = {}
-        for kind in ("weight", "weight_scale", "bias"):
-            tensor = getattr(self, kind)
-            if tensor is not None:
-                for name, piece in zip(self.parts, tensor.split(list(self.parts.values()))):
-                    views[f"{prefix}{name}.{kind}"] = piece
-                if self.alias is not None:
-                    views[f"{prefix}{self.alias}.{kind}"] = tensor
-        return views
+        return part_views(self, prefix, ("weight", "weight_scale", "bias"))
 
 
 def expert_scales(experts: nn.Module) -> ExpertScales | None:

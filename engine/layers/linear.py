@@ -50,3 +50,17 @@ class RankSum(nn.Module):
 
     def forward(self, partial: torch.Tensor) -> torch.Tensor:
         return all_reduce(partial, self.shard)
+
+
+def part_views(layer: nn.Module, prefix: str, kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """A fused layer's checkpoint tensors: ``{prefix + part + "." + kind: view}`` for each of its ``parts`` and
+    each tensor ``kind`` it holds, and the whole tensor under ``prefix + alias`` when it has an alias."""
+    views = {}
+    for kind in kinds:
+        tensor = getattr(layer, kind)
+        if tensor is not None:
+            for name, piece in zip(layer.parts, tensor.split(list(layer.parts.values()))):
+                views[f"{prefix}{name}.{kind}"] = piece
+            if layer.alias is not None:
+                views[f"{prefix}{layer.alias}.{kind}"] = tensor
+    return views

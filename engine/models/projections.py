@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
+from engine.layers.linear import ColumnParallelLinear, RowParallelLinear, part_views
 from engine.parallel.shard import WHOLE, TensorShard
 
 
@@ -54,15 +54,7 @@ class FusedLinear(ColumnParallelLinear):
     def views(self, prefix: str) -> dict[str, torch.Tensor]:
         """``{prefix + part name + ".weight" / ".bias": view of the fused parameter}``, plus the whole
         parameter under ``prefix + alias`` when the projection has one."""
-        views = {}
-        for kind in ("weight", "bias"):
-            tensor = getattr(self, kind)
-            if tensor is not None:
-                for name, piece in zip(self.parts, tensor.split(list(self.parts.values()))):
-                    views[f"{prefix}{name}.{kind}"] = piece
-                if self.alias is not None:
-                    views[f"{prefix}{self.alias}.{kind}"] = tensor
-        return views
+        return part_views(self, prefix, ("weight", "bias"))
 
 
 def fused_projection(owner: nn.Module, fused: str, in_features: int, parts: dict[str, int],
