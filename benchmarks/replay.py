@@ -33,7 +33,7 @@ from benchmarks.steering import SteeredModel
 from benchmarks.summary import median
 from benchmarks.workloads import DATA_DIR, Workload, chat, encode_text
 from engine import SamplingParams
-from engine.config import blocks_needed
+from engine.models.layout import blocks_needed
 from engine.models.loader import DiffusionLM
 from engine.models.prompts import encode_prompt
 from tinylm.tasks import read_jsonl

@@ -6,20 +6,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.rules.flat_settings import flat_dict, pydantic_schema, rule_setting, set_fields
+from engine.rules.flat_settings import flat_dict, owned_setting, pydantic_schema, set_fields
 from engine.structured.spec import structured_outputs_problem
 
 SCHEDULES = ("continuous", "block_sync", "static", "shrink")  # engine/scheduling/policies.py: one policy each
 CACHE_MODES = ("dual", "prefix", "none")
 SHIFTED_DECODINGS = ("fast-dllm", "lookback")
-DEFAULT_BLOCK_LENGTH = 32  # a full-attention family's block when the config names none (Fast-dLLM's)
 DEFAULT_MAX_MODEL_LEN = 4096  # widest row when max_model_len is unset: a model may advertise far more
 # (Dream: 131,072 positions, a KV cache of ~112 GiB at 16 slots); LLaDA's own limit is 4096
-
-
-def blocks_needed(num_tokens: int, block_length: int) -> int:
-    """Whole blocks that hold ``num_tokens`` tokens."""
-    return -(-num_tokens // block_length)
 
 
 def window_lookback(config: EngineConfig, logit_shift: int) -> int:
@@ -67,9 +61,6 @@ class EngineConfig:
     # that start with the same tokens (vLLM's name); None: on where it is exact (block-causal families)
     prefix_cache_tokens: int | None = None  # tokens of keys/values the prefix cache holds (whole blocks);
     # None: max_model_len's worth
-    # anchored families (Nemotron-Labs-Diffusion), the remote code's name: the prompt and each finished block are
-    # stored causally and each block is seeded by the context's next token; False: all bidirectional, no seed
-    causal_context: bool = True
     # one model over this many devices (vLLM's name): the engine's process is rank 0 and starts the others
     # (engine.parallel); heads, MLPs, experts and the vocabulary are split across them
     tensor_parallel_size: int = 1
@@ -81,13 +72,16 @@ class EngineConfig:
     # keys): each rule module declares its own (DecodingRule.own_settings) and validates them; read them as
     # attributes, config.<setting> (unset: the rule's default)
     rule_settings: tuple[tuple[str, Any], ...] = ()
+    # the settings one family owns, given the same way (Family.own_settings: Nemotron-Labs-Diffusion's
+    # causal_context); its module validates them, and a model of another family refuses them by name
+    family_settings: tuple[tuple[str, Any], ...] = ()
 
     def __init__(self, **values: Any) -> None:
         set_fields(self, values, "EngineConfig")
         self.__post_init__()
 
     def __getattr__(self, name: str) -> Any:
-        return rule_setting(self, name, engine_default=True)
+        return owned_setting(self, name, engine_default=True)
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
@@ -136,9 +130,13 @@ class EngineConfig:
                                                f"got {self.tensor_parallel_timeout_s!r}")
         if self.quantization not in (None, "fp8"):
             _fail("quantization", f"must be 'fp8' or None (the checkpoint's own weights), got {self.quantization!r}")
-        if not isinstance(self.causal_context, bool):
-            _fail("causal_context", f"must be True or False, got {self.causal_context!r}")
-        from engine.rules import DECODING_RULES, settings_problems  # loads the rule modules (and torch)
+        from engine.models.families import family_settings  # loads the family modules (and torch)
+        from engine.rules import DECODING_RULES, settings_problems  # loads the rule modules
+
+        for name, value in self.family_settings:
+            family, setting = family_settings()[name]
+            if (problem := setting.problem(value)) is not None:
+                _fail(name, f"{problem} (a setting of {family})")
 
         if self.decoding is not None and self.decoding not in DECODING_RULES:
             _fail("decoding", f"must be one of {DECODING_RULES} or None (the model's own), got {self.decoding!r}")
@@ -184,7 +182,7 @@ class SamplingParams:
     # the text the answer must be (vLLM's names, engine.structured.spec): {"json": schema}, {"regex": ...},
     # {"choice": [...]}, {"grammar": EBNF} or {"json_object": True}; None: free text
     structured_outputs: Mapping[str, Any] | None = None
-    # the settings the engine's rule lets a request carry (RuleSetting.per_request), given by their flat names
+    # the settings the engine's rule lets a request carry (Setting.per_request), given by their flat names
     # (SamplingParams(<setting>=...)) and validated by the rule; unset: the engine's
     rule_settings: tuple[tuple[str, Any], ...] = ()
 
@@ -192,7 +190,7 @@ class SamplingParams:
         set_fields(self, values, "SamplingParams")
 
     def __getattr__(self, name: str) -> Any:
-        return rule_setting(self, name, engine_default=False)
+        return owned_setting(self, name, engine_default=False)
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:

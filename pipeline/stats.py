@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from engine.config import DEFAULT_BLOCK_LENGTH
+from engine.models.layout import DEFAULT_BLOCK_LENGTH
 
 DEFINITIONS = {  # stats.json's "definitions": what each rate and share is over, one denominator per word
     "active_s": "an actor's active time: its first row in to its last row out (a group: its actors' sum)",

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from engine.config import EngineConfig, SamplingParams, blocks_needed
+from engine.config import EngineConfig, SamplingParams
+from engine.models.layout import blocks_needed
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, first_stop
 from engine.scheduling.scheduler import Scheduler

@@ -11,6 +11,7 @@ from torch import nn
 
 from engine.models.checkpoint import WeightNames
 from engine.models.layout import RowLayout
+from engine.rules.base import Setting
 
 
 @dataclass(frozen=True)
@@ -47,3 +48,7 @@ class Family:
     # the checkpoint besides generation_config.json's (LLaDA2.2's DELETE / SPLIT ids; DecodingRule.settle)
     decoding: Mapping[str, Any] = field(default_factory=dict)  # the EngineConfig fields of its own
     # decoding (its configs/*.yaml use them); the engine's defaults apply where a config sets none
+    own_settings: Mapping[str, Setting] = field(default_factory=dict)  # the EngineConfig settings it alone reads,
+    # by their flat names; a model of another family refuses them by name
+    prefix_cache_refusal: Callable[[Any], str | None] | None = None  # an EngineConfig -> why a prompt's keys and
+    # values could not be reused under it (None: they can wherever its layout caches prefixes)

@@ -28,8 +28,8 @@ import dataclasses
 
 import torch
 
-from engine.config import blocks_needed
 from engine.models.kv_cache import KVCache
+from engine.models.layout import blocks_needed
 from engine.models.loader import DiffusionLM
 from engine.models.step_inputs import RefreshPart, WindowPart
 from engine.oracle.reference_block_causal import block_causal_generate

@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.rules.base import DecodingRule, RuleSetting
+    from engine.rules.base import DecodingRule, Setting
 
 # EngineConfig.decoding -> "module:class" under engine.rules
 RULES = {
@@ -45,9 +45,9 @@ def rule_class(name: str) -> type[DecodingRule]:
 
 
 @functools.cache
-def owned_settings() -> dict[str, tuple[str, RuleSetting]]:
+def owned_settings() -> dict[str, tuple[str, Setting]]:
     """Every setting one rule owns (``DecodingRule.own_settings``), by its flat name: (the rule, the setting)."""
-    owners: dict[str, tuple[str, RuleSetting]] = {}
+    owners: dict[str, tuple[str, Setting]] = {}
     for name in RULES:
         for setting, declared in rule_class(name).own_settings.items():
             owners.setdefault(setting, (name, declared))

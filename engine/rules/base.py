@@ -24,8 +24,8 @@ from engine.rules.spans import PlansSpans
 
 
 @dataclass(frozen=True)
-class RuleSetting:
-    """A setting one rule owns, by the flat name users give it (EngineConfig, a job's YAML, engine_kwargs)."""
+class Setting:
+    """A setting one rule or one family owns, by the flat name users give it (EngineConfig, a YAML, engine_kwargs)."""
 
     default: Any
     valid: Callable[[Any], bool]
@@ -42,7 +42,7 @@ class DecodingRule(PlansSpans):
 
     name: ClassVar[str]  # its key in engine.rules.RULES (EngineConfig.decoding)
     settings: ClassVar[tuple[str, ...]] = ()  # the EngineConfig fields it reads, shared with other rules
-    own_settings: ClassVar[dict[str, RuleSetting]] = {}  # the settings it alone reads, declared here
+    own_settings: ClassVar[dict[str, Setting]] = {}  # the settings it alone reads, declared here
     counters: ClassVar[dict[str, str]] = {}  # what it counts per row step (RowStep.counters): name -> meaning,
     # summed by name in engine stats, Serve metrics and the job's summary
     row_kinds: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")  # the RowLayout.row_kind values

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.rules.base import RuleSetting
+from engine.rules.base import Setting
 from engine.rules.unmasking import UnmaskingRule, rank_by_confidence
 
 DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy")  # Dream's diffusion_generate algs, less "origin"
@@ -44,9 +44,9 @@ def dream_transfer_count(num_masked: torch.Tensor, step: torch.Tensor, steps: in
 
 
 DREAM_SETTINGS = {
-    "dream_alg": RuleSetting("maskgit_plus", lambda value: dream_alg_problem(value) is None,
+    "dream_alg": Setting("maskgit_plus", lambda value: dream_alg_problem(value) is None,
                              f"one of {DREAM_ALGS} (Dream's random 'origin' transfer is not offered)"),
-    "dream_eps": RuleSetting(1e-3, lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
+    "dream_eps": Setting(1e-3, lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
                              and 0.0 < value < 1.0, "in (0, 1)"),  # the schedule's last timestep
 }
 
@@ -57,7 +57,7 @@ class Dream(UnmaskingRule):
     dream_eps: float = 1e-3  # the schedule's last timestep
     name: ClassVar[str] = "dream"
     settings: ClassVar[tuple[str, ...]] = ("steps_per_block",)
-    own_settings: ClassVar[dict[str, RuleSetting]] = DREAM_SETTINGS
+    own_settings: ClassVar[dict[str, Setting]] = DREAM_SETTINGS
 
     def __post_init__(self) -> None:
         if (problem := dream_alg_problem(self.dream_alg)) is not None:

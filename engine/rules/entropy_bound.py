@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from engine.rules.base import CanvasRule, RuleSetting
+from engine.rules.base import CanvasRule, Setting
 
 # unset: the checkpoint's generation_config.json, else these (transformers' DiffusionGemmaGenerationConfig)
 CANVAS_DEFAULTS = {"max_denoising_steps": 48, "entropy_bound": 0.1, "t_min": 0.4, "t_max": 0.8,
@@ -41,9 +41,9 @@ def _int(value: object, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-def _unset_or(valid, what: str) -> RuleSetting:
+def _unset_or(valid, what: str) -> Setting:
     """A canvas setting: None (the checkpoint's, else CANVAS_DEFAULTS) or a valid value."""
-    return RuleSetting(None, lambda value: value is None or valid(value), f"{what} or None")
+    return Setting(None, lambda value: value is None or valid(value), f"{what} or None")
 
 
 CANVAS_SETTING_RULES = {  # transformers' names
@@ -67,7 +67,7 @@ class EntropyBound(CanvasRule):
     stability_threshold: int
     confidence_threshold: float
     name: ClassVar[str] = "entropy_bound"
-    own_settings: ClassVar[dict[str, RuleSetting]] = CANVAS_SETTING_RULES
+    own_settings: ClassVar[dict[str, Setting]] = CANVAS_SETTING_RULES
     vocab_copies: ClassVar[int] = VOCAB_COPIES
 
     @classmethod

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.rules.base import BlockRule, BlockUpdate, BlockView, RowState, RowStep, RuleSetting
+from engine.rules.base import BlockRule, BlockUpdate, BlockView, RowState, RowStep, Setting
 from engine.rules.unmasking import unit_threshold_problems, with_most_confident
 from engine.runner.batch import to_device
 
@@ -35,12 +35,12 @@ DEFAULT_MAX_POST_STEPS = 16  # LLaDA2.1's remote code and diffusers' default
 EDITING_SETTINGS = {
     # rewrite a generated token whose argmax differs with probability above this (0.0: every disagreement;
     # None: editing off)
-    "editing_threshold": RuleSetting(
+    "editing_threshold": Setting(
         None, lambda value: value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
                                               and 0.0 <= value <= 1.0),
         "a probability in [0, 1] (0.0: edit every disagreement) or None (off)", per_request=True),
     # forwards of a block after its last mask, at most
-    "max_post_steps": RuleSetting(DEFAULT_MAX_POST_STEPS,
+    "max_post_steps": Setting(DEFAULT_MAX_POST_STEPS,
                                   lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                                   "an int >= 0", per_request=True),
 }
@@ -69,7 +69,7 @@ class JointThreshold(BlockRule):
     mask_id: int | None = None
     name: ClassVar[str] = "joint_threshold"
     settings: ClassVar[tuple[str, ...]] = ("threshold",)
-    own_settings: ClassVar[dict[str, RuleSetting]] = EDITING_SETTINGS
+    own_settings: ClassVar[dict[str, Setting]] = EDITING_SETTINGS
     counters: ClassVar[dict[str, str]] = {"edits": "generated tokens rewritten by token editing",
                                           "post_mask_forwards": "row forwards of blocks that held no mask"}
     row_kinds: ClassVar[tuple[str, ...]] = ("block_causal",)

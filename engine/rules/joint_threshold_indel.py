@@ -33,14 +33,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.rules.base import BlockRule, BlockUpdate, BlockView, RowState, RowStep, RuleSetting
+from engine.rules.base import BlockRule, BlockUpdate, BlockView, RowState, RowStep, Setting
 from engine.rules.joint_threshold import DEFAULT_MAX_POST_STEPS, EDITING_SETTINGS
 from engine.rules.unmasking import rank_by_confidence, unit_threshold_problems
 from engine.runner.batch import to_device
 
 DEFAULT_THRESHOLD, DEFAULT_EDITING_THRESHOLD = 0.5, 0.0  # SGLang's defaults, the model card's S mode
 TOKEN_IDS = ("delete_token_id", "split_token_id")
-INDEL_SETTINGS = EDITING_SETTINGS | {name: RuleSetting(
+INDEL_SETTINGS = EDITING_SETTINGS | {name: Setting(
     None, lambda value: value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0),
     "a token id (int >= 0); unset: the checkpoint's config.json") for name in TOKEN_IDS}
 COLUMNS = 4  # host copy, per position: the new block, its original-mask flags, the input block, the writes
@@ -88,7 +88,7 @@ class JointThresholdIndel(BlockRule):
     mask_id: int | None = None
     name: ClassVar[str] = "joint_threshold_indel"
     settings: ClassVar[tuple[str, ...]] = ("threshold",)
-    own_settings: ClassVar[dict[str, RuleSetting]] = INDEL_SETTINGS
+    own_settings: ClassVar[dict[str, Setting]] = INDEL_SETTINGS
     counters: ClassVar[dict[str, str]] = {"edits": "generated tokens rewritten by token editing",
                                           "deletes": "positions dropped by a DELETE",
                                           "splits": "masks inserted by a SPLIT"}

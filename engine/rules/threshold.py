@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.rules.base import RuleSetting
+from engine.rules.base import Setting
 from engine.rules.unmasking import UnmaskingRule, positive_int_or_none, unit_threshold_problems, with_most_confident
 
 SUB_BLOCK_SETTINGS = {
-    "sub_block_length": RuleSetting(None, positive_int_or_none, "a positive int that divides block_length, or None "
+    "sub_block_length": Setting(None, positive_int_or_none, "a positive int that divides block_length, or None "
                                                                 "(the whole block)"),
 }
 
@@ -34,7 +34,7 @@ class Threshold(UnmaskingRule):
     sub_block_length: int | None = None  # None: the whole block is one sub-block
     name: ClassVar[str] = "threshold"
     settings: ClassVar[tuple[str, ...]] = ("threshold", "steps_per_block")
-    own_settings: ClassVar[dict[str, RuleSetting]] = SUB_BLOCK_SETTINGS
+    own_settings: ClassVar[dict[str, Setting]] = SUB_BLOCK_SETTINGS
     row_kinds: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "anchored")
 
     @classmethod

@@ -30,7 +30,7 @@ from engine.rules.proposals import NOISE_CHUNK_ELEMENTS
 from engine.runner.anchored_prefix_cache import AnchoredPrefixCache
 from engine.runner.canvas_prefix_cache import PAGE_LENGTH, pool_pages
 from engine.runner.canvas_runner import rows_per_chunk
-from engine.scheduling.model_fit import block_length_for
+from engine.scheduling.model_fit import block_length_for, prefix_caching
 
 INDEX_BYTES = 8  # token ids and positions are int64
 logger = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     per_token = 8 * hidden + 3 * model_config.intermediate_size + heads * width + 4 * widest_head
     per_token += model_config.experts_per_token * (3 * model_config.moe_intermediate_size + 2 * hidden)
     pool = 0
-    if lm.layout.prefix_caching(config):  # the prefix cache's pages: every layer's keys and values
+    if prefix_caching(config, lm):  # the prefix cache's pages: every layer's keys and values
         pool = PagePool.bytes_per_token(model_config, dtype) * pool_pages(config, width) * PAGE_LENGTH
     return MemoryModel(
         weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()),
@@ -93,7 +93,7 @@ def block_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     kv_bytes = KVCache.bytes_per_slot_column(model_config, dtype) * columns if config.cache != "none" else columns
     element = torch.empty((), dtype=dtype).element_size()
     block_length = block_length_for(config, lm)
-    if lm.layout.prefix_caching(config) and config.cache != "none":  # the prefix cache's pool of whole blocks
+    if prefix_caching(config, lm) and config.cache != "none":  # the prefix cache's pool of whole blocks
         pool_tokens = config.prefix_cache_tokens if config.prefix_cache_tokens is not None else width
         key_value_bytes = KVCache.bytes_per_slot_column(model_config, dtype) - 1  # no key-mask flag in the pool
         kv_bytes += key_value_bytes * (pool_tokens // block_length * block_length)
@@ -123,7 +123,7 @@ def anchored_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     hidden, heads = model_config.hidden_size, model_config.num_heads
     per_token = 6 * hidden + 3 * model_config.intermediate_size + heads * width
     pool = 0
-    if lm.layout.prefix_caching(config):  # the prefix cache's pages: every layer's keys and values
+    if prefix_caching(config, lm):  # the prefix cache's pages: every layer's keys and values
         pool = AnchoredPrefixCache.bytes_per_token(model_config, dtype) * pool_pages(config, width) * PAGE_LENGTH
     return MemoryModel(
         weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()),

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.config import SamplingParams, blocks_needed
-from engine.models.layout import RowLayout
+from engine.config import SamplingParams
+from engine.models.layout import RowLayout, blocks_needed
 
 
 class AdmissionError(ValueError):

@@ -11,7 +11,7 @@ from benchmarks.summary import median, median_item
 from benchmarks.systems import SYSTEMS, RunResult, interleaved
 from benchmarks.throughput import project_run
 from benchmarks.workloads import Workload
-from engine.config import blocks_needed
+from engine.models.layout import blocks_needed
 from engine.models.loader import DiffusionLM
 
 PROJECTION = ("llada-8b", "h200")  # the projected columns: LLaDA-8B shapes on one H200

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from benchmarks.workloads import DATA_DIR, Workload, chat, encode_text, humaneval_problems
 from engine import SamplingParams
-from engine.config import blocks_needed
+from engine.models.layout import blocks_needed
 from tinylm.tasks import read_jsonl
 
 

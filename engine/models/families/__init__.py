@@ -6,6 +6,7 @@ named ``FAMILY``, its entry in :data:`FAMILIES`, its fixture (``scripts/make_fix
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from engine.models.families import (
@@ -19,16 +20,23 @@ from engine.models.families import (
 )
 from engine.models.families.unserved import unserved_diffusion_model
 from engine.models.family import CheckpointIds, Family
+from engine.rules.base import Setting
 
 FAMILIES: tuple[Family, ...] = (llada.FAMILY, dream.FAMILY, sdar.FAMILY, llada2.FAMILY, diffusion_gemma.FAMILY,
                                  nemotron_labs_diffusion.FAMILY, fast_dllm_v2.FAMILY)
 
-__all__ = ["FAMILIES", "CheckpointIds", "Family", "detect_family", "family_named", "served"]
+__all__ = ["FAMILIES", "CheckpointIds", "Family", "detect_family", "family_named", "family_settings", "served"]
 
 
 def served() -> str:
     """The families served, as a person writes them: "LLaDA, Dream, SDAR, LLaDA2, DiffusionGemma"."""
     return ", ".join(family.title for family in FAMILIES)
+
+
+@functools.cache
+def family_settings() -> dict[str, tuple[str, Setting]]:
+    """Every setting one family owns (``Family.own_settings``), by its flat name: (the family's title, the setting)."""
+    return {name: (family.title, setting) for family in FAMILIES for name, setting in family.own_settings.items()}
 
 
 def family_named(name: str) -> Family:

@@ -12,11 +12,14 @@ Where the mapping comes from (the checkpoint's remote code, ``modeling_nemotron_
 """
 from __future__ import annotations
 
+from typing import Any
+
 from engine.models.anchored.config import AnchoredConfig
 from engine.models.anchored.model import AnchoredTransformer
 from engine.models.checkpoint import WeightNames
 from engine.models.family import CheckpointIds, Family
 from engine.models.layout import RowLayout
+from engine.rules.base import Setting
 
 NAME = "nemotron_labs_diffusion"
 MODEL_TYPE = "nemotron_labs_diffusion"
@@ -65,6 +68,20 @@ def transformer_config(config: dict) -> AnchoredConfig:
         max_position_embeddings=config.get("max_position_embeddings", 262144), rope_parameters=rope)
 
 
+# the remote code's name and default: the prompt and each finished block are stored causally and each block is
+# seeded by the context's next token; False: all bidirectional, no seed (the anchored rules read it)
+OWN_SETTINGS = {"causal_context": Setting(default=True, valid=lambda value: isinstance(value, bool),
+                                          expected="True or False")}
+
+
+def prefix_cache_refusal(config: Any) -> str | None:
+    """Why a prompt's keys and values could not be reused under ``config`` (an EngineConfig), or None."""
+    if not config.causal_context:
+        return (f"with causal_context=False {NAME} stores a prompt bidirectionally, so a prompt position's keys and "
+                "values depend on the tokens after it and cannot be reused by another request")
+    return None
+
+
 def layout(config: dict) -> RowLayout:
     return RowLayout(NAME, "anchored", trained_block=config.get("block_size", 32), caches=("dual",))
 
@@ -91,4 +108,5 @@ FAMILY = Family(
     name=NAME, title="Nemotron-Labs-Diffusion", recognises=is_family, transformer_config=transformer_config,
     layout=layout, weight_names=WEIGHT_NAMES, end_of_turn_token="</s>", mask_token="[MASK]",
     config_json=config_json, mask_token_id=100, model_class=AnchoredTransformer,
-    decoding={"decoding": "threshold", "threshold": 0.9})
+    decoding={"decoding": "threshold", "threshold": 0.9}, own_settings=OWN_SETTINGS,
+    prefix_cache_refusal=prefix_cache_refusal)
