@@ -5,9 +5,10 @@ each linear layer the scheme quantizes becomes an :class:`Fp8Linear` (a fused q/
 all), and each stack of experts (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``) gets e4m3 parameters and
 float32 scales beside them (``gate_up_proj_scale [E, 2I, 1]``, ``down_proj_scale [E, H, 1]``). A tensor's scale is
 named as the tensor plus ``_scale``, as compressed-tensors names ``weight_scale``. Vocabulary layers stay in the
-model's dtype. In a split model a row-parallel layer (a :class:`~engine.layers.linear.RowParallelLinear`, or in
-the stacks not yet on the kit one named ``o_proj`` or ``down_proj``) takes each token's scale over all ranks' parts
-of its input, and sums its output over the ranks as the layer it replaces did.
+model's dtype. In a split model an FP8 layer loads and cuts its weight as the layer it replaces does, its
+per-channel scale cut as the weight's rows; a row-parallel one (replacing a
+:class:`~engine.layers.linear.RowParallelLinear`) takes each token's scale over all ranks' parts of its input and
+sums its output over the ranks.
 """
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ import torch
 from torch import nn
 
 from engine.layers.fp8 import FP8, ExpertScales, fp8_linear
-from engine.layers.linear import RowParallelLinear, part_views
+from engine.layers.linear import ColumnParallelLinear, RowParallelLinear, column_share, linear_slots
+from engine.layers.loading import WeightSlot, copy_weight, rows_share
 from engine.layers.quantization import Fp8Scheme
 from engine.parallel.shard import WHOLE, TensorShard, all_reduce
 
 VOCABULARY_LAYERS = ("lm_head",)  # linears never quantized (the head reads its weight directly)
 EXPERT_PROJECTIONS = ("gate_up_proj", "down_proj")
-ROW_PARALLEL = ("o_proj", "down_proj")  # plain nn.Linear layers whose input is split (stacks not on the kit)
 
 
 def fp8_parameter(*shape: int, dtype: torch.dtype = FP8) -> nn.Parameter:
@@ -35,13 +36,13 @@ class Fp8Linear(nn.Module):
     quantized per token (``engine.layers.fp8``). ``parts`` / ``alias``: a fused projection's, as
     :class:`~engine.models.projections.FusedLinear` keeps them, its checkpoint parts offered as views.
     ``input_shard``: the ranks a row-parallel layer's input is split over; ``output_shard``: those it sums its
-    output over."""
+    output over; ``column_shard``: those a column-parallel layer's output features are split over."""
 
     def __init__(self, in_features: int, out_features: int, bias_dtype: torch.dtype | None,
                  parts: dict[str, int] | None = None, alias: str | None = None, input_shard: TensorShard = WHOLE,
-                 output_shard: TensorShard = WHOLE):
+                 output_shard: TensorShard = WHOLE, column_shard: TensorShard = WHOLE):
         super().__init__()
-        self.input_shard, self.output_shard = input_shard, output_shard
+        self.input_shard, self.output_shard, self.column_shard = input_shard, output_shard, column_shard
         self.in_features, self.out_features = in_features, out_features
         self.weight = fp8_parameter(out_features, in_features)
         self.weight_scale = fp8_parameter(out_features, 1, dtype=torch.float32)
@@ -49,21 +50,33 @@ class Fp8Linear(nn.Module):
         self.parts, self.alias = parts, alias
 
     @classmethod
-    def like(cls, linear: nn.Linear, input_shard: TensorShard = WHOLE) -> Fp8Linear:
-        """The FP8 layer of ``linear``'s shape (and parts), on its device."""
+    def like(cls, linear: nn.Linear) -> Fp8Linear:
+        """The FP8 layer of ``linear``'s shape, parts and split, on its device."""
+        row_parallel = isinstance(linear, RowParallelLinear)
         with torch.device(linear.weight.device):
             bias = None if linear.bias is None else linear.bias.dtype
-            output_shard = linear.output_shard if isinstance(linear, RowParallelLinear) else WHOLE
             return cls(linear.in_features, linear.out_features, bias, getattr(linear, "parts", None),
-                       getattr(linear, "alias", None), input_shard, output_shard)
+                       getattr(linear, "alias", None), linear.shard if row_parallel else WHOLE,
+                       linear.output_shard if row_parallel else WHOLE,
+                       linear.shard if isinstance(linear, ColumnParallelLinear) else WHOLE)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce(fp8_linear(x, self.weight, self.weight_scale, self.bias, self.input_shard), self.output_shard)
 
-    def views(self, prefix: str) -> dict[str, torch.Tensor]:
-        """A fused layer's checkpoint tensors: each part's ``weight``, ``weight_scale`` (and ``bias``), and the
-        whole under ``alias`` when it has one."""
-        return part_views(self, prefix, ("weight", "weight_scale", "bias"))
+    def weight_loader(self, target: torch.Tensor, full: torch.Tensor, name: str, kind: str = "weight",
+                      part: str | None = None) -> None:
+        """Copy this rank's share of checkpoint tensor ``name`` (``full``): a row-parallel layer's columns of the
+        weight (its scales whole), else a column-parallel layer's rows (``part``: as
+        :meth:`~engine.layers.linear.ColumnParallelLinear.weight_loader`)."""
+        if self.input_shard.is_split:
+            share = rows_share(full, 1, self.in_features, self.input_shard, name) if kind == "weight" else full
+        else:
+            share = column_share(full, self.column_shard, self.out_features, self.parts, part, name)
+        copy_weight(target, share, name)
+
+    def weight_slots(self, name: str) -> dict[str, WeightSlot]:
+        """Its ``weight``, ``weight_scale`` (and ``bias``); a fused layer's per part and under its alias."""
+        return linear_slots(self, name, ("weight", "weight_scale", "bias"))
 
 
 def expert_scales(experts: nn.Module) -> ExpertScales | None:
@@ -71,22 +84,6 @@ def expert_scales(experts: nn.Module) -> ExpertScales | None:
     if experts.gate_up_proj.dtype != FP8:
         return None
     return ExpertScales(experts.gate_up_proj_scale, experts.down_proj_scale, experts.down_proj_input_shard)
-
-
-def expert_views(prefix: str, experts: nn.Module) -> dict[str, torch.Tensor]:
-    """Each expert's projections as checkpoints split per expert name them
-    (``{e}.{gate,up,down}_proj.weight``, and ``.weight_scale`` when FP8), as views of the stacks."""
-    scales = expert_scales(experts)
-    kinds = {"weight": (experts.gate_up_proj, experts.down_proj)}
-    if scales is not None:
-        kinds["weight_scale"] = (scales.gate_up, scales.down)
-    views = {}
-    for kind, (gate_up, down) in kinds.items():
-        for expert, (pair, down_part) in enumerate(zip(gate_up, down)):
-            gate, up = pair.chunk(2)
-            views |= {f"{prefix}{expert}.gate_proj.{kind}": gate, f"{prefix}{expert}.up_proj.{kind}": up,
-                      f"{prefix}{expert}.down_proj.{kind}": down_part}
-    return views
 
 
 def to_fp8(model: nn.Module, scheme: Fp8Scheme, checkpoint_name: Callable[[str], str | None],
@@ -99,8 +96,7 @@ def to_fp8(model: nn.Module, scheme: Fp8Scheme, checkpoint_name: Callable[[str],
             name = f"{parent_name}.{child_name}" if parent_name else child_name
             if isinstance(child, nn.Linear) and child_name not in VOCABULARY_LAYERS:
                 if _quantized(scheme, checkpoint_name, _linear_names(parent_name, name, child), name):
-                    row_parallel = isinstance(child, RowParallelLinear) or child_name in ROW_PARALLEL
-                    setattr(parent, child_name, Fp8Linear.like(child, shard if row_parallel else WHOLE))
+                    setattr(parent, child_name, Fp8Linear.like(child))
             elif all(isinstance(getattr(child, p, None), nn.Parameter) for p in EXPERT_PROJECTIONS):
                 if _quantized(scheme, checkpoint_name, [f"{name}.0.gate_proj.weight"], name):
                     _experts_to_fp8(child, shard)

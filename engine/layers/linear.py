@@ -5,13 +5,19 @@ rank's part, and it needs no collective. A row-parallel layer holds its rank's i
 each rank's product is a partial sum of the whole output, added over the ranks by one all-reduce. A layer that
 adds several row-parallel outputs first (routed experts and a shared expert) sums them once with
 :class:`RankSum`. Unsplit (``WHOLE``), each is a plain ``nn.Linear``.
+
+Each layer owns its weight loader (``engine.layers.loading``): a column-parallel layer keeps its rows of a
+checkpoint tensor, part by part when fused (q/k/v; gate/up), and a row-parallel layer its columns of the weight.
 """
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.loading import WeightSlot, copy_weight, parts_share, rows_share
 from engine.parallel.shard import WHOLE, TensorShard, all_reduce
 
 
@@ -21,6 +27,16 @@ class ColumnParallelLinear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = False, shard: TensorShard = WHOLE):
         super().__init__(in_features, out_features, bias=bias)
         self.shard = shard
+
+    def weight_loader(self, target: torch.Tensor, full: torch.Tensor, name: str, kind: str = "weight",
+                      part: str | None = None) -> None:
+        """Copy this rank's rows of checkpoint tensor ``name`` (``full``) into ``target``; ``part``: which part of a
+        fused layer ``full`` is (its alias: the whole fused tensor)."""
+        copy_weight(target, column_share(full, self.shard, self.out_features, getattr(self, "parts", None), part,
+                                         name), name)
+
+    def weight_slots(self, name: str) -> dict[str, WeightSlot]:
+        return linear_slots(self, name, ("weight", "bias"))
 
 
 class RowParallelLinear(nn.Linear):
@@ -40,6 +56,14 @@ class RowParallelLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce(F.linear(x, self.weight), self.output_shard)
 
+    def weight_loader(self, target: torch.Tensor, full: torch.Tensor, name: str, kind: str = "weight") -> None:
+        """Copy this rank's columns of checkpoint tensor ``name`` (``full``) into ``target``."""
+        copy_weight(target, rows_share(full, 1, self.in_features, self.shard, name) if kind == "weight" else full,
+                    name)
+
+    def weight_slots(self, name: str) -> dict[str, WeightSlot]:
+        return linear_slots(self, name, ("weight",))
+
 
 class RankSum(nn.Module):
     """Partial sums added over the ranks (one all-reduce, in place); the input itself when not split."""
@@ -52,15 +76,33 @@ class RankSum(nn.Module):
         return all_reduce(partial, self.shard)
 
 
-def part_views(layer: nn.Module, prefix: str, kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """A fused layer's checkpoint tensors: ``{prefix + part + "." + kind: view}`` for each of its ``parts`` and
-    each tensor ``kind`` it holds, and the whole tensor under ``prefix + alias`` when it has an alias."""
-    views = {}
+def column_share(full: torch.Tensor, shard: TensorShard, out_features: int, parts: dict[str, int] | None,
+                 part: str | None, name: str) -> torch.Tensor:
+    """A column-parallel layer's rows of ``full`` (a weight, its per-channel scale or its bias): of the whole
+    layer, of one of its ``parts``, or of every part when ``part`` is none of them (the fused tensor's alias)."""
+    if parts is None:
+        return rows_share(full, 0, out_features, shard, name)
+    if part in parts:
+        return rows_share(full, 0, parts[part], shard, name)
+    return parts_share(full, 0, list(parts.values()), shard, name)
+
+
+def linear_slots(layer: nn.Module, name: str, kinds: tuple[str, ...]) -> dict[str, WeightSlot]:
+    """A kit linear's checkpoint tensors with its ``weight_loader``: each tensor ``kind`` it holds under ``name``,
+    or for a fused layer (``parts``) each part's view under its parent's name, and the whole under its ``alias``."""
+    parts, alias = getattr(layer, "parts", None), getattr(layer, "alias", None)
+    parent = name.rpartition(".")[0]
+    prefix = f"{parent}." if parent else ""
+    slots = {}
     for kind in kinds:
         tensor = getattr(layer, kind)
-        if tensor is not None:
-            for name, piece in zip(layer.parts, tensor.split(list(layer.parts.values()))):
-                views[f"{prefix}{name}.{kind}"] = piece
-            if layer.alias is not None:
-                views[f"{prefix}{layer.alias}.{kind}"] = tensor
-    return views
+        if tensor is None:
+            continue
+        if parts is None:
+            slots[f"{name}.{kind}"] = WeightSlot(tensor, partial(layer.weight_loader, kind=kind))
+            continue
+        for part, piece in zip(parts, tensor.split(list(parts.values()))):
+            slots[f"{prefix}{part}.{kind}"] = WeightSlot(piece, partial(layer.weight_loader, kind=kind, part=part))
+        if alias is not None:
+            slots[f"{prefix}{alias}.{kind}"] = WeightSlot(tensor, partial(layer.weight_loader, kind=kind, part=alias))
+    return slots

@@ -2,7 +2,8 @@
 
 An id outside a rank's rows embeds as zeros there, so the all-reduce of the embeddings is exact (one rank adds
 the row, the others add zeros). Logits are joined by an all-gather; a step reads few positions, so that is
-``[positions, vocab]`` once per step. The last rank's rows past the vocabulary are zeros and are cut away.
+``[positions, vocab]`` once per step. The last rank's rows past the vocabulary are zeros and are cut away. Each
+layer's weight loader takes its rows of the checkpoint's ``[vocab, hidden]`` tensor, zeros past the vocabulary.
 """
 from __future__ import annotations
 
@@ -10,10 +11,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.loading import WeightSlot, copy_weight, padded_rows_share
 from engine.parallel.shard import TensorShard, all_reduce, gather_vocabulary
 
 
-class VocabularyEmbedding(nn.Module):
+class VocabularyRows(nn.Module):
+    """One rank's rows of a ``[vocab, hidden]`` weight, and the loader that cuts them from the checkpoint's."""
+
+    weight: nn.Parameter
+    shard: TensorShard
+
+    def weight_loader(self, target: torch.Tensor, full: torch.Tensor, name: str) -> None:
+        """Copy rows ``first .. first + rows`` of checkpoint tensor ``name`` (``full``), zeros past the vocabulary."""
+        copy_weight(target, padded_rows_share(full, self.weight.shape[0], self.shard), name)
+
+    def weight_slots(self, name: str) -> dict[str, WeightSlot]:
+        return {f"{name}.weight": WeightSlot(self.weight, self.weight_loader)}
+
+
+class VocabularyEmbedding(VocabularyRows):
     """``nn.Embedding`` of one rank's vocabulary rows (``weight [rows, hidden]``), summed over the ranks."""
 
     def __init__(self, vocab_size: int, hidden_size: int, shard: TensorShard):
@@ -35,7 +51,7 @@ class VocabularyEmbedding(nn.Module):
         return F.pad(piece, (0, self.rows - piece.shape[-1])) if piece.shape[-1] < self.rows else piece
 
 
-class VocabularyHead(nn.Module):
+class VocabularyHead(VocabularyRows):
     """The LM head over one rank's vocabulary rows; the logits of every rank joined on each."""
 
     def __init__(self, hidden_size: int, vocab_size: int, shard: TensorShard):

@@ -18,10 +18,9 @@ from torch import nn
 
 from engine.layers.fp8 import FP8
 from engine.layers.fp8_modules import to_fp8
+from engine.layers.loading import checkpoint_slots
 from engine.layers.quantization import Fp8Scheme
-from engine.layers.vocab import VocabularyEmbedding, VocabularyHead
 from engine.parallel.shard import WHOLE, TensorShard
-from engine.parallel.weights import rank_share
 
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
@@ -124,16 +123,17 @@ def load_weights(
 ) -> None:
     """Fill a meta-device ``model`` from ``directory``; ``rename`` maps checkpoint names to ours
     (``None`` skips a tensor that we do not use, e.g. rotary caches). A model split over ranks takes rank
-    ``shard.rank``'s share of each tensor (``engine.parallel.weights``). With an ``fp8`` scheme the layers it
-    quantizes hold FP8 weights (``engine.layers.fp8_modules``; ``checkpoint_name``: ours -> the checkpoint's
-    name, for its ignore list), read as stored or quantized here from the checkpoint's own dtype."""
+    ``shard.rank``'s share of each tensor, cut by the layer that holds it (``engine.layers.loading``). With an
+    ``fp8`` scheme the layers it quantizes hold FP8 weights (``engine.layers.fp8_modules``; ``checkpoint_name``:
+    ours -> the checkpoint's name, for its ignore list), read as stored or quantized here from the checkpoint's
+    own dtype, whole, before the layer cuts the codes and their scales."""
     model.to(dtype)  # still on the meta device: the parameters are born in ``dtype``, never float32
     if fp8 is not None:
         to_fp8(model, fp8, checkpoint_name, shard)
     model.to_empty(device=device)
     model.tie_weights()  # moving off the meta device unties shared parameters
-    params = model.checkpoint_tensors()  # fused projections appear as their checkpoint's parts
-    vocabulary, fused = _split_tensors(model) if shard.is_split else (set(), {})
+    slots = checkpoint_slots(model)  # fused projections appear as their checkpoint's parts
+    params = {name: slot.tensor for name, slot in slots.items()}
     loaded: set[str] = set()
     for stored_name, load in iter_checkpoint_tensors(directory):
         name = _our_name(rename, stored_name, params)
@@ -142,15 +142,7 @@ def load_weights(
         if name not in params:
             raise ValueError(f"unexpected weight {stored_name!r} in {directory}")
         for target, tensor in _as_stored(name, load(), params, fp8, stored_name):
-            if shard.is_split:
-                tensor = rank_share(target, tensor, tuple(params[target].shape), shard, target in vocabulary,
-                                    fused.get(target))
-            if tensor.shape != params[target].shape:
-                raise ValueError(
-                    f"weight {stored_name!r} has shape {tuple(tensor.shape)}, "
-                    f"expected {tuple(params[target].shape)} from config.json")
-            with torch.no_grad():  # in the parameter's dtype: ``dtype``, FP8, or float32 for a router or a scale
-                params[target].copy_(tensor.to(params[target].dtype))
+            slots[target].load(tensor, stored_name)
             loaded.add(target)
     missing = unwritten(params, loaded)
     if missing:
@@ -178,20 +170,6 @@ def _as_stored(name: str, tensor: torch.Tensor, params: dict[str, torch.Tensor],
         codes, scale = fp8.quantize_weight(tensor)
         return [(name, codes), (f"{name}_scale", scale)]
     return [(name, tensor)]
-
-
-def _split_tensors(model: nn.Module) -> tuple[set[str], dict[str, tuple[int, int, int]]]:
-    """A split model's vocabulary tensors, and its fused q/k/v tensors with their local part sizes."""
-    vocabulary = {f"{name}.weight" for name, module in model.named_modules()
-                  if isinstance(module, (VocabularyEmbedding, VocabularyHead))}
-    fused = {}
-    for name, module in model.named_modules():
-        alias, parts = getattr(module, "alias", None), getattr(module, "parts", None)
-        if alias is not None and parts is not None and len(parts) == 3:
-            parent = name.rpartition(".")[0]
-            for kind in ("weight", "weight_scale", "bias"):
-                fused[f"{parent}.{alias}.{kind}" if parent else f"{alias}.{kind}"] = tuple(parts.values())
-    return vocabulary, fused
 
 
 def unwritten(tensors: dict[str, torch.Tensor], written: set[str]) -> list[str]:

@@ -31,9 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.experts import expert_slots
 from engine.layers.fp8 import ExpertScales, fp8_grouped_glu
-from engine.layers.fp8_modules import expert_scales, expert_views
+from engine.layers.fp8_modules import expert_scales
 from engine.layers.linear import RankSum
+from engine.layers.loading import WeightSlot
 from engine.models.config import MoEConfig
 from engine.parallel.shard import WHOLE, TensorShard
 
@@ -200,11 +202,11 @@ def routing_blocks(positions: torch.Tensor, block: int) -> torch.Tensor:
 class StackedExperts(nn.Module):
     """Every routed expert's SwiGLU in two stacked parameters; checkpoints name each expert's
     projections separately (``{e}.gate_proj``, ``{e}.up_proj``, ``{e}.down_proj``), offered as views
-    (``engine.layers.fp8_modules.expert_views``, FP8 scales included)."""
+    (``engine.layers.experts``, FP8 scales included). ``intermediate_size``: rank ``shard``'s part."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, shard: TensorShard = WHOLE):
         super().__init__()
-        self.intermediate_size = intermediate_size
+        self.intermediate_size, self.shard = intermediate_size, shard
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
         # random weights for a model built without a checkpoint (the loader builds on the meta device,
@@ -212,8 +214,12 @@ class StackedExperts(nn.Module):
         nn.init.normal_(self.gate_up_proj, std=hidden_size ** -0.5)
         nn.init.normal_(self.down_proj, std=intermediate_size ** -0.5)
 
+    def weight_slots(self, name: str) -> dict[str, WeightSlot]:
+        return expert_slots(self, f"{name}." if name else "", self.shard, stacked=False)
+
     def checkpoint_views(self, prefix: str) -> dict[str, torch.Tensor]:
-        return expert_views(prefix, self)
+        """Each expert's projections as views of the stacks, named after ``prefix``."""
+        return {name: slot.tensor for name, slot in expert_slots(self, prefix, self.shard, stacked=False).items()}
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """``x [pairs, H]`` sorted by expert, ``counts [E]`` of each expert's rows -> ``[pairs, H]``."""
@@ -235,7 +241,7 @@ class MoE(nn.Module):
         self.rank_sum = RankSum(shard)
         self.config = moe
         self.gate = Router(hidden_size, moe.num_experts)
-        self.experts = StackedExperts(moe.num_experts, hidden_size, moe.moe_intermediate_size)
+        self.experts = StackedExperts(moe.num_experts, hidden_size, moe.moe_intermediate_size, shard)
         self.shared_experts = shared_experts
         self.register_buffer("experts_touched", torch.zeros((), dtype=torch.int64), persistent=False)
 

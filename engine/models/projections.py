@@ -6,8 +6,8 @@ ranks.
 
 A fused projection is one GEMM over several projections of the same input, its weights concatenated
 along the output. Checkpoints name the parts separately (LLaDA, Dream, SDAR) or fused (LLaDA2's
-``query_key_value``); :meth:`FusedLinear.views` offers both names as views of the one parameter, so a
-loader copies a checkpoint's tensors straight into it, and the state dict keeps the parts' names.
+``query_key_value``); its weight slots (``engine.layers.linear.linear_slots``) offer both names as views of the
+one parameter, so a loader copies a checkpoint's tensors straight into it, and the state dict keeps the parts' names.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.linear import ColumnParallelLinear, RowParallelLinear, part_views
+from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
 from engine.parallel.shard import WHOLE, TensorShard
 
 
@@ -50,11 +50,6 @@ class FusedLinear(ColumnParallelLinear):
         super().__init__(in_features, sum(parts.values()), bias, shard)
         self.parts = parts
         self.alias = alias
-
-    def views(self, prefix: str) -> dict[str, torch.Tensor]:
-        """``{prefix + part name + ".weight" / ".bias": view of the fused parameter}``, plus the whole
-        parameter under ``prefix + alias`` when the projection has one."""
-        return part_views(self, prefix, ("weight", "bias"))
 
 
 def fused_projection(owner: nn.Module, fused: str, in_features: int, parts: dict[str, int],

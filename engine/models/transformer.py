@@ -29,13 +29,14 @@ from torch import nn
 
 from engine.layers import vocab
 from engine.layers.linear import RowParallelLinear
+from engine.layers.loading import checkpoint_slots
 from engine.models.config import TransformerConfig
 from engine.models.kv_cache import KVCache
 from engine.models.layers import RMSNorm, attend, rotate_
 from engine.models.moe import MoE
 from engine.models.options import ModelOptions
 from engine.models.packed_step import PartPlan, StepPlan, packed_tokens, plan_step, rotary_dtype
-from engine.models.projections import MLP, FusedLinear, fused_projection
+from engine.models.projections import MLP, fused_projection
 from engine.models.step_inputs import RefreshPart, WindowPart
 
 
@@ -228,22 +229,10 @@ class BidirectionalTransformer(nn.Module):
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         """Every parameter and persistent buffer under its checkpoint-level names, as views of our
-        tensors: what a loader copies into. A fused projection appears as its parts (q/k/v, gate/up)
-        and q/k/v also whole (LLaDA2's ``query_key_value``); stacked experts appear one expert at a
-        time (``mlp.experts.{e}.{gate,up,down}_proj.weight``)."""
-        tensors = {}
-        for name, module in self.named_modules():
-            prefix = f"{name}." if name else ""
-            if isinstance(module, FusedLinear) or getattr(module, "parts", None) is not None:  # an FP8 one too
-                parent = name.rpartition(".")[0]
-                tensors.update(module.views(f"{parent}." if parent else ""))
-            elif hasattr(module, "checkpoint_views"):
-                tensors.update(module.checkpoint_views(prefix))
-            else:
-                tensors.update({prefix + key: p for key, p in module.named_parameters(recurse=False)})
-                tensors.update({prefix + key: b for key, b in module.named_buffers(recurse=False)
-                                if key not in module._non_persistent_buffers_set})
-        return tensors
+        tensors: what a loader copies into (``engine.layers.loading.checkpoint_slots``). A fused projection
+        appears as its parts (q/k/v, gate/up) and q/k/v also whole (LLaDA2's ``query_key_value``); stacked
+        experts appear one expert at a time (``mlp.experts.{e}.{gate,up,down}_proj.weight``)."""
+        return {name: slot.tensor for name, slot in checkpoint_slots(self).items()}
 
     def experts_touched(self) -> torch.Tensor | None:
         """Per MoE layer, the distinct experts its last forward routed a token to (``[moe layers]``, on

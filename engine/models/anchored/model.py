@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers import vocab
-from engine.layers.linear import RowParallelLinear
+from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
+from engine.layers.loading import checkpoint_slots
 from engine.models.anchored.config import AnchoredConfig
 from engine.models.anchored.spans import SpanPlan, SpanStep, plan_spans, split_by_row
 from engine.models.layers import RMSNorm, attend, rotate_
@@ -50,9 +51,9 @@ class Attention(nn.Module):
     def __init__(self, config: AnchoredConfig):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.q_proj = ColumnParallelLinear(config.hidden_size, self.heads * self.head_dim, shard=config.shard)
+        self.k_proj = ColumnParallelLinear(config.hidden_size, self.kv_heads * self.head_dim, shard=config.shard)
+        self.v_proj = ColumnParallelLinear(config.hidden_size, self.kv_heads * self.head_dim, shard=config.shard)
         self.o_proj = RowParallelLinear(self.heads * self.head_dim, config.hidden_size, config.shard)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor, groups: Groups,
@@ -88,7 +89,7 @@ class Layer(nn.Module):
         self.self_attn = Attention(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = nn.ModuleDict({name: nn.Linear(*shape, bias=False) for name, shape in (
+        self.mlp = nn.ModuleDict({name: ColumnParallelLinear(*shape, shard=config.shard) for name, shape in (
             ("gate_proj", (config.hidden_size, config.intermediate_size)),
             ("up_proj", (config.hidden_size, config.intermediate_size)))})
         self.mlp["down_proj"] = RowParallelLinear(config.intermediate_size, config.hidden_size, config.shard)
@@ -155,7 +156,8 @@ class AnchoredTransformer(nn.Module):
         self.compiled = CompiledLayers() if options.compile else None
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        return dict(self.named_parameters())
+        """Every parameter under its checkpoint-level name (``engine.layers.loading.checkpoint_slots``)."""
+        return {name: slot.tensor for name, slot in checkpoint_slots(self).items()}
 
     @property
     def dtype(self) -> torch.dtype:

@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.experts import expert_slots
 from engine.layers.fp8_modules import expert_scales
 from engine.layers.linear import ColumnParallelLinear, RankSum, RowParallelLinear
+from engine.layers.loading import WeightSlot
 from engine.models.diffusion_gemma.config import GemmaTextConfig, LayerShape
 from engine.models.moe import gelu_tanh, grouped_experts, sort_by_expert
 from engine.parallel.shard import WHOLE, TensorShard
@@ -81,6 +83,10 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(config.num_experts, hidden, size))
         self.rank_sum = RankSum(config.shard)  # split: each expert's part of its width gives a partial sum
 
+    def weight_slots(self, name: str) -> dict[str, WeightSlot]:
+        """The stacks under their own names and each expert's projections as views (``engine.layers.experts``)."""
+        return expert_slots(self, f"{name}.", self.rank_sum.shard, stacked=True)
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """``x [tokens, hidden]``, ``weights`` and ``experts [tokens, k]`` -> ``[tokens, hidden]``."""
         tokens, k = experts.shape
@@ -116,10 +122,10 @@ class SelfAttentionProjections(nn.Module):
         super().__init__()
         hidden, heads = config.hidden_size, config.num_heads
         self.shape = shape
-        self.q_proj = nn.Linear(hidden, heads * shape.head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, shape.num_kv_heads * shape.head_dim, bias=False)
-        self.v_proj = None if shape.values_from_keys else nn.Linear(hidden, shape.num_kv_heads * shape.head_dim,
-                                                                    bias=False)
+        self.q_proj = ColumnParallelLinear(hidden, heads * shape.head_dim, shard=config.shard)
+        self.k_proj = ColumnParallelLinear(hidden, shape.num_kv_heads * shape.head_dim, shard=config.shard)
+        self.v_proj = None if shape.values_from_keys else ColumnParallelLinear(
+            hidden, shape.num_kv_heads * shape.head_dim, shard=config.shard)
         self.o_proj = RowParallelLinear(heads * shape.head_dim, hidden, config.shard)
         self.q_norm = GemmaRMSNorm(shape.head_dim, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(shape.head_dim, config.rms_norm_eps)
@@ -149,8 +155,8 @@ class SelfConditioning(nn.Module):
         hidden = config.hidden_size
         self.pre_norm = GemmaRMSNorm(hidden, config.rms_norm_eps)
         self.post_norm = GemmaRMSNorm(hidden, config.rms_norm_eps, with_scale=False)
-        self.gate_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
+        self.gate_proj = ColumnParallelLinear(hidden, config.intermediate_size, shard=config.shard)
+        self.up_proj = ColumnParallelLinear(hidden, config.intermediate_size, shard=config.shard)
         self.down_proj = RowParallelLinear(config.intermediate_size, hidden, config.shard)
 
     def forward(self, embeddings: torch.Tensor, soft_embeddings: torch.Tensor) -> torch.Tensor:

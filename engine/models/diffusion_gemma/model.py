@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from engine.layers import vocab
-from engine.layers.fp8_modules import expert_views
+from engine.layers.loading import checkpoint_slots
 from engine.models.diffusion_gemma.attention import attention as layer_attention
 from engine.models.diffusion_gemma.config import GemmaTextConfig, LayerShape
 from engine.models.diffusion_gemma.kv_cache import CanvasKVCache, PagePool
@@ -84,10 +84,7 @@ class DiffusionGemmaTransformer(nn.Module):
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer, and each layer's experts also one at a time, as FP8 checkpoints split
         them (``layers.N.experts.{e}.{gate,up,down}_proj.weight`` and ``weight_scale``)."""
-        tensors = dict(self.named_parameters()) | dict(self.named_buffers())
-        for index, layer in enumerate(self.layers):
-            tensors |= expert_views(f"layers.{index}.experts.", layer.experts)
-        return tensors
+        return {name: slot.tensor for name, slot in checkpoint_slots(self).items()}
 
     @property
     def dtype(self) -> torch.dtype:
