@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig, SamplingParams
+from engine.executor import SingleProcessExecutor, executor_for
 from engine.models.loader import DiffusionLM, load_model
 from engine.models.prompts import Prompt, PromptTooLongError, encode_prompt
-from engine.parallel.ranks import TensorParallelError, WorkerRanks
 from engine.rules import rule_for
 from engine.runner.interface import runner_class
 from engine.runner.memory import check_arena_fits
@@ -47,28 +47,12 @@ class BlockServeEngine:
         self._early_outputs: list[RequestOutput] = []  # rejected or aborted while pending
         self._sequence = itertools.count()
         self._seed_source = random.Random(0)
-        self.ranks = self._start_ranks(lm, config or EngineConfig())
-
-    def _start_ranks(self, lm: DiffusionLM, config: EngineConfig) -> WorkerRanks | None:
-        """Rank 0 of a split model starts the other ranks (``engine.parallel.ranks``); others start none."""
-        if config.tensor_parallel_size != lm.shard.size:
-            raise ValueError(f"EngineConfig.tensor_parallel_size={config.tensor_parallel_size} but the model was "
-                             f"loaded as {lm.shard.size} share(s): load it with load_model(..., tensor_parallel_size="
-                             f"{config.tensor_parallel_size}), or use BlockServeEngine.from_pretrained")
-        if config.quantization is not None and lm.quantization != config.quantization:
-            raise ValueError(f"EngineConfig.quantization={config.quantization!r} but the model was loaded with "
-                             f"{lm.quantization!r} weights: load it with load_model(..., quantization="
-                             f"{config.quantization!r}), or use BlockServeEngine.from_pretrained")
-        if lm.shard.rank != 0 or not lm.shard.is_split:
-            return None
-        if lm.source is None:
-            raise ValueError("a split model's other ranks load it as load_model did: pass a model from load_model")
-        return WorkerRanks(lm.source, config)
+        # rank 0 of a split model starts the other ranks, each building this class on its share
+        self.executor: SingleProcessExecutor = executor_for(lm, config or EngineConfig(), type(self))
 
     def close(self) -> None:
         """Stop the worker ranks of a split engine and leave its process group (nothing to do on one device)."""
-        if self.ranks is not None:
-            self.ranks.close()
+        self.executor.close()
 
     def __enter__(self) -> BlockServeEngine:
         return self
@@ -113,8 +97,7 @@ class BlockServeEngine:
             self._early_outputs.append(self._finish(request))
         else:
             self.scheduler.add(request)
-        if self.ranks is not None:
-            self.ranks.send("add_request", prompt, params, request_id, request.arrival_time)
+        self.executor.add_request(prompt, params, request_id, request.arrival_time)
         return request_id
 
     def tokenize(self, prompt: Prompt, params: SamplingParams) -> list[int]:
@@ -167,8 +150,7 @@ class BlockServeEngine:
         request = self._requests.get(request_id)
         if request is None or request.is_finished:
             return
-        if self.ranks is not None:
-            self.ranks.send("abort_request", request_id)
+        self.executor.abort_request(request_id)
         if self.scheduler.remove_pending(request_id) is not None:
             request.abort_requested = True
             request.status = RequestStatus.FINISHED_ABORT
@@ -192,18 +174,7 @@ class BlockServeEngine:
         """Run ONE denoising step; return what it did: the requests that finished at its end (and any
         rejected), and the new output tokens of each row whose block it completed. A split engine's step
         raises TensorParallelError when another rank has died or stopped answering."""
-        now = time.time()
-        if self.ranks is None:
-            return self.step_at(now)
-        self.ranks.send("step_at", now)
-        try:
-            return self.step_at(now)
-        except Exception as error:
-            failure = self.ranks.failure(error)
-            if isinstance(failure, TensorParallelError):
-                self.ranks.kill()
-                raise failure from error
-            raise
+        return self.executor.step(time.time(), self.step_at)
 
     def step_at(self, now: float) -> StepReport:
         """:meth:`step` as if the clock read ``now`` (every rank of a split engine schedules at rank 0's)."""

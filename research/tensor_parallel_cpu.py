@@ -50,14 +50,14 @@ def run(model: Path, size: int, threads: int, dtype: str, prompts: list[str], ne
         params = SamplingParams(max_new_tokens=new_tokens, stop_at_eos=False)
         engine.generate(prompts[:2], params)  # warm-up
         TRAFFIC.reset()
-        sent = engine.ranks.bytes_sent if engine.ranks else 0
+        sent = engine.executor.bytes_sent
         ids = [engine.add_request(prompt, params) for prompt in prompts]
         steps, outputs, started = 0, {}, time.perf_counter()
         while len(outputs) < len(ids):
             outputs |= {output.request_id: output.token_ids for output in engine.step().finished}
             steps += 1
         elapsed = time.perf_counter() - started
-        sent = (engine.ranks.bytes_sent if engine.ranks else 0) - sent
+        sent = engine.executor.bytes_sent - sent
     return {"tokens": [outputs[i] for i in ids], "steps": steps, "step_ms": 1000 * elapsed / steps,
             "collective_bytes_per_step": TRAFFIC.total_bytes / steps, "call_bytes_per_step": sent / steps}
 

@@ -144,7 +144,7 @@ def test_the_scheduling_side_of_the_engine_loads_neither_torch_nor_transformers(
 
 def test_the_engine_top_level_holds_only_the_public_api_and_its_sides():
     top = {path.name for path in (ROOT / "engine").iterdir() if not path.name.startswith((".", "__pycache__"))}
-    assert top == {"__init__.py", "lazy_exports.py", "config.py", "engine.py",
+    assert top == {"__init__.py", "lazy_exports.py", "config.py", "engine.py", "executor.py",
                    "scheduling", "rules", "runner", "models", "layers", "oracle", "parallel", "structured"}
 
 
@@ -166,3 +166,12 @@ def collectives_imported(package: str) -> dict[str, list[str]]:
 def test_no_model_file_calls_a_collective_the_layer_kit_owns_them():
     assert collectives_imported("engine.models") == {}
     assert set(collectives_imported("engine.layers")) >= {"engine.layers.linear", "engine.layers.vocab"}
+
+
+def test_tensor_parallel_knows_neither_the_engine_nor_its_executor():
+    """``engine.parallel`` splits a model and runs its ranks; the executor above it drives them for the engine."""
+    graph = import_graph()
+    above = {"engine.engine", "engine.executor"}
+    assert {name: sorted(edges & above) for name, edges in graph.items()
+            if name.startswith("engine.parallel") and edges & above} == {}
+    assert "engine.parallel.ranks" in graph["engine.executor"]

@@ -38,7 +38,7 @@ def test_two_ranks_give_one_devices_tokens_batched_and_alone(family):
                                           dtype="float64") as split:
         assert tokens(split, PROMPTS) == whole
         assert [tokens(split, [prompt])[0] for prompt in PROMPTS[:2]] == whole[:2]
-    assert all(gone(pid) for pid in split.ranks.pids)
+    assert all(gone(pid) for pid in split.executor.pids)
 
 
 def test_four_ranks_over_two_key_value_heads_replicate_each_and_keep_one_devices_tokens():
@@ -72,7 +72,7 @@ def test_a_greedy_step_sums_each_layer_twice_and_gathers_three_numbers_a_positio
         tokens = TRAFFIC.all_reduce_bytes // (8 * hidden * (1 + 2 * layers))  # each all-reduce: [tokens, hidden]
         assert TRAFFIC.all_reduce_bytes == tokens * 8 * hidden * (1 + 2 * layers)
         assert TRAFFIC.all_gather_bytes % (3 * 8) == 0 and 0 < TRAFFIC.all_gather_bytes // 24 <= tokens
-        assert split.ranks.bytes_sent > 0
+        assert split.executor.bytes_sent > 0
 
 
 def test_sampled_rows_and_log_probabilities_join_the_logits_and_keep_one_devices_tokens():
@@ -106,12 +106,12 @@ def test_a_killed_rank_ends_the_engine_with_an_error_that_names_it_and_leaves_no
                                               dtype="float64")
     engine.add_request(PROMPTS[1], PARAMS)
     engine.step()
-    os.kill(engine.ranks.pids[0], signal.SIGKILL)
+    os.kill(engine.executor.pids[0], signal.SIGKILL)
     with pytest.raises(TensorParallelError, match="rank 1"):
         while True:
             engine.step()
     engine.close()
-    assert gone(engine.ranks.pids[0])
+    assert gone(engine.executor.pids[0])
 
 
 def test_a_hung_rank_ends_the_engine_after_the_collective_timeout():
@@ -119,8 +119,8 @@ def test_a_hung_rank_ends_the_engine_after_the_collective_timeout():
         FIXTURES / "tiny-sdar", EngineConfig(tensor_parallel_size=2, tensor_parallel_timeout_s=3), dtype="float64")
     engine.add_request(PROMPTS[1], PARAMS)
     engine.step()
-    os.kill(engine.ranks.pids[0], signal.SIGSTOP)
+    os.kill(engine.executor.pids[0], signal.SIGSTOP)
     with pytest.raises(TensorParallelError, match="tensor_parallel_timeout_s=3"):
         engine.step()
     engine.close()
-    assert gone(engine.ranks.pids[0])
+    assert gone(engine.executor.pids[0])

@@ -38,7 +38,7 @@ class KillsItsRankAtSecondBatch(BlockServeActor):
     async def __call__(self, batch):
         self._calls += 1
         if self._calls == 2 and not self.restarted:
-            os.kill(self.engine.ranks.pids[0], signal.SIGKILL)
+            os.kill(self.engine.executor.pids[0], signal.SIGKILL)
         return await super().__call__(batch)
 
 

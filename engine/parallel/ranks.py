@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, Listener
@@ -25,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from engine.config import EngineConfig
-from engine.models.loader import ModelSource
+from engine.models.loader import DiffusionLM, ModelSource
 
 READY_POLL_S = 1.0
 STOP_WAIT_S = 10.0
@@ -37,10 +38,12 @@ class TensorParallelError(RuntimeError):
 
 @dataclass(frozen=True)
 class RankSpec:
-    """What a worker needs to become rank ``rank`` of the engine rank 0 built."""
+    """What a worker needs to become rank ``rank`` of the engine rank 0 built. ``engine``: what the worker builds
+    on its share of the model (rank 0's engine class, given by its executor, ``engine.executor``)."""
 
     source: ModelSource
     config: EngineConfig
+    engine: Callable[[DiffusionLM, EngineConfig], object]
     size: int
     address: str  # the process group's rendezvous, tcp://host:port
     threads: int  # intra-op threads on a CPU rank (rank 0's)
@@ -68,12 +71,13 @@ class WorkerRanks:
     """Ranks 1 to N-1 of one engine, each a local process (``python -m engine.parallel.worker``) on its own
     device. A fresh interpreter, not a fork: the caller's main module and threads stay out of the workers."""
 
-    def __init__(self, source: ModelSource, config: EngineConfig):
+    def __init__(self, source: ModelSource, config: EngineConfig,
+                 engine: Callable[[DiffusionLM, EngineConfig], object]):
         if dist.is_initialized():
             raise TensorParallelError("this process already runs a tensor-parallel engine (or another process "
                                       "group); close it before starting another")
-        self.spec = RankSpec(source, config, config.tensor_parallel_size, f"tcp://127.0.0.1:{_free_port()}",
-                             torch.get_num_threads())
+        self.spec = RankSpec(source, config, engine, config.tensor_parallel_size,
+                             f"tcp://127.0.0.1:{_free_port()}", torch.get_num_threads())
         self.bytes_sent = 0  # pickled calls sent to the workers, all of them together
         key = secrets.token_bytes(16)
         listener = Listener(("127.0.0.1", 0), authkey=key)

@@ -1,4 +1,7 @@
-"""A worker rank's process: join the group, load this rank's share, build the engine, repeat rank 0's calls."""
+"""A worker rank's process: join the group, load this rank's share, build the engine, repeat rank 0's calls.
+
+The engine it builds is the one its spec names (rank 0's engine class, given by rank 0's executor), so this
+package never imports the engine module."""
 from __future__ import annotations
 
 import os
@@ -17,7 +20,6 @@ CALLS = ("add_request", "abort_request", "step_at")
 
 def worker_main(rank: int, host: str, port: int) -> None:
     """Connect to rank 0, then serve as rank ``rank`` until told to stop."""
-    from engine.engine import BlockServeEngine
     from engine.models.loader import load_model
 
     connection = Client((host, port), authkey=bytes.fromhex(os.environ["BLOCKSERVE_RANK_KEY"]))
@@ -30,7 +32,7 @@ def worker_main(rank: int, host: str, port: int) -> None:
         lm = load_model(source.model, device=spec.device(rank), dtype=source.dtype, compile=source.options.compile,
                         batch_invariant=source.options.batch_invariant, tensor_parallel_size=spec.size, rank=rank,
                         quantization=source.quantization)
-        engine = BlockServeEngine(lm, spec.config)
+        engine = spec.engine(lm, spec.config)
     except BaseException:
         connection.send(("failed", traceback.format_exc()))
         return
