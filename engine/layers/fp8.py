@@ -64,11 +64,19 @@ def scaled_matmul(codes: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor
     """Quantized rows ``codes [n, in]`` (``scale [n, 1]``) times e4m3 ``weight [out, in]`` (``weight_scale
     [out, 1]``) -> ``[n, out]`` in ``out_dtype``."""
     if scaled_mm_supported(codes.device, weight.shape[1], weight.shape[0]):
-        return torch._scaled_mm(codes, weight.t(), scale_a=scale, scale_b=weight_scale.float().t(), bias=bias,
-                                out_dtype=out_dtype)
+        return tensor_core_matmul(codes, scale, weight, weight_scale, out_dtype, bias)
     wide = compute_dtype(out_dtype)
     out = F.linear(dequantize(codes, scale, wide), dequantize(weight, weight_scale, wide))
     return out.to(out_dtype) if bias is None else (out + bias.to(wide)).to(out_dtype)
+
+
+def tensor_core_matmul(codes: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                       out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`scaled_matmul` as ``torch._scaled_mm`` computes it with row-wise scales: ``weight.t()`` is the
+    column-major operand it wants, ``weight_scale.t()`` one scale per output column. Torch runs the same call on
+    the CPU, which is how the tests check this path without a GPU."""
+    return torch._scaled_mm(codes, weight.t(), scale_a=scale, scale_b=weight_scale.float().t(), bias=bias,
+                            out_dtype=out_dtype)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
