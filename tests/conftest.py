@@ -25,11 +25,6 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 # A worker process that has not registered with its raylet after this long is killed and started again
 # (Ray's default is 60 s); a starved machine must only be slow, never restart workers in a loop.
 os.environ.setdefault("RAY_worker_register_timeout_seconds", "600")
-# Ray kills the idle workers beyond one per CPU (4 here) a second after their task, so each job started
-# fresh task workers that imported pyarrow, torch and the tokenizer again (16-22 workers started for two
-# 6-row jobs on one cluster). Ten are kept warm from one job to the next: the second job's sort fell from
-# 9 s to 0.3 s and the job from 42 s to 27 s (two `run_small_job` calls, 2 cores at load 12-16).
-os.environ.setdefault("RAY_num_workers_soft_limit", "10")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -40,12 +35,18 @@ def ray_cluster():
     """One local Ray instance for the whole session, with 2 fake GPUs for scheduling tests.
 
     Actors in tests must ask for fractional ``num_cpus`` (a 2-core CI machine deadlocks otherwise).
+
+    Ray kills the idle workers beyond one per CPU (4 here) a second after their task, so each job started
+    fresh task workers that imported pyarrow, torch and the tokenizer again (16-22 workers for two 6-row
+    jobs). This cluster keeps ten warm from one job to the next: test_batch_deaths.py and
+    test_first_hour_job.py took 145 s instead of 177 s, back to back on 2 cores at load 10-11. Clusters
+    that tests start in subprocesses (multinode, ``ray job submit``) keep Ray's default.
     """
     import ray
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
-                 object_store_memory=200 * 1024 * 1024,
+                 object_store_memory=200 * 1024 * 1024, _system_config={"num_workers_soft_limit": 10},
                  runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO_ROOT)}})
     yield ray
     try:
