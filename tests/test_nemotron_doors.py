@@ -1,8 +1,8 @@
 """Nemotron-Labs-Diffusion through the doors: the real OpenAIServer over a real EngineLoop (its self-speculative
 mode batched), and ``map_batches(BlockServeActor)`` on the session's Ray cluster (its dLM mode). Answers equal
 ``engine.generate``; a stream sends one chunk per accepted run; a seeded sample repeats, a bad setting is a 400,
-and log-probabilities come with every token. The batch job runs its shipped config in
-``tests/test_block_causal_pipeline.py``."""
+and log-probabilities come with every token. Its shipped batch-job config runs the job's rows through its actor
+in ``tests/test_block_causal_pipeline.py``."""
 from __future__ import annotations
 
 import asyncio
