@@ -2,7 +2,7 @@
 
 This is Nemotron-Labs-Diffusion's ``ar_generate``. Its rows run on the anchored runner
 (``engine.runner.anchored_runner``): each step stores the row's last token causally and draws the next from
-that one position's logits (``engine.runner.anchored_draws``), as its span plan says. The scheduler's
+that one position's logits (``engine.runner.sampler``), as its span plan says. The scheduler's
 blocks are single tokens.
 """
 from __future__ import annotations

@@ -27,12 +27,10 @@ from engine.models.anchored.model import AnchoredKVCache
 from engine.models.anchored.spans import SpanStep
 from engine.models.loader import DiffusionLM
 from engine.rules.base import BlockView, DecodingRule
-from engine.rules.proposals import propose_tokens
 from engine.rules.spans import SpanPlan
-from engine.runner.anchored_draws import block_sampling, greedy_tokens, sampled_tokens
 from engine.runner.anchored_prefix_cache import AnchoredPrefixCache
 from engine.runner.canvas_prefix_cache import pool_pages
-from engine.runner.logit_processors import dense_bias, token_logprobs
+from engine.runner.sampler import Sampler, spans_bias
 from engine.runner.slots import SlotAllocator
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
@@ -50,7 +48,7 @@ class AnchoredRow:
     block: list[int] | None = None  # the active block (denoised or drafted), None while storing
     block_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # its positions', as committed
     step_in_block: int = 0
-    block_draws: int = 0  # denoising and drafting steps it has taken (engine.runner.anchored_draws)
+    block_draws: int = 0  # denoising and drafting steps it has taken: the noise step of its block draws
     generated: int = 0  # tokens it has reported
 
 
@@ -77,6 +75,7 @@ class _Span:
 class AnchoredRunner:
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule):
         self.lm, self.model, self.rule = lm, lm.model, rule
+        self.sampler = Sampler(lm.special_ids.mask_id)
         self.block_length = config.block_length
         self.causal_context = config.causal_context
         self.mask_id, self.stop_ids = lm.special_ids.mask_id, lm.special_ids.stop_ids
@@ -133,13 +132,13 @@ class AnchoredRunner:
     def _results(self, spans: list[_Span], logits: torch.Tensor) -> dict[str, RowResult]:
         """Each row's new tokens from its (biased) logits, with one host copy for the whole step, and one more
         for the log-probabilities of rows that ask for them."""
+        bias = spans_bias([span.request.params.logit_bias for span in spans],
+                          [len(span.logit_offsets) for span in spans], logits.shape[-1], logits.device)
+        if bias is not None:  # before everything: every decision sees the biased logits
+            logits = self.sampler.biased(logits[:, None], bias)[:, 0]
         pieces, start = [], 0
         for span in spans:
-            piece = logits[start:start + len(span.logit_offsets)]
-            if span.request.params.logit_bias:  # before everything: every decision sees the biased logits
-                piece = piece + dense_bias([span.request.params.logit_bias], piece.shape[-1], piece.dtype,
-                                           piece.device)
-            pieces.append(piece)
+            pieces.append(logits[start:start + len(span.logit_offsets)])
             start += len(span.logit_offsets)
         host = self._decide(spans, pieces)
         logprobs = self._logprobs(spans, pieces, host)
@@ -156,28 +155,32 @@ class AnchoredRunner:
             span, num_top = spans[i], spans[i].request.params.logprobs
             computed = host[i] if span.kind != "denoise" else [host[i][offset] for offset in span.logit_offsets]
             tokens = torch.tensor(computed, device=pieces[i].device)
-            chosen, values, ids = (t[0].tolist() for t in token_logprobs(pieces[i][None], self.mask_id,
-                                                                           tokens[None], num_top))
+            chosen, values, ids = (t[0].tolist() for t in self.sampler.logprobs(pieces[i][None], tokens[None],
+                                                                                num_top))
             out[i] = [TokenLogprob(token, logprob, tuple(zip(top_ids, top_values)))
                       for token, logprob, top_ids, top_values in zip(computed, chosen, ids, values)]
         return out
 
     def _decide(self, spans: list[_Span], pieces: list[torch.Tensor]) -> list[list[int]]:
         """Per row on the device, then copied once: a store's next token, a verify's argmax run, a denoising
-        or drafting step's block."""
+        or drafting step's block.
+
+        A next token (a store's, a verify's) is drawn at the position it predicts with noise step 0: a verified
+        speculative token gets the noise its autoregressive step would use, from the same distribution, so
+        sampled ``linear_spec`` gives sampled ``autoregressive``'s tokens too."""
         denoising = [i for i, span in enumerate(spans) if span.kind in ("denoise", "draft")]
         decided: dict[int, torch.Tensor] = {}
         nexts = [i for i, span in enumerate(spans) if span.kind in ("store", "verify") and span.logit_offsets]
         greedy = [i for i in nexts if spans[i].request.params.temperature == 0.0]
         if greedy:  # one argmax for every greedy row's next tokens
-            tokens = greedy_tokens(torch.cat([pieces[i] for i in greedy]), self.mask_id)
+            tokens = self.sampler.greedy_tokens(torch.cat([pieces[i] for i in greedy]))
             for i, row_tokens in zip(greedy, tokens.split([len(pieces[i]) for i in greedy])):
                 decided[i] = row_tokens
         for i in nexts:
             if i not in decided:  # the positions its tokens are for
                 span = spans[i]
                 after = span.row.context + 1 + torch.tensor(span.logit_offsets, device=self.lm.device)
-                decided[i] = sampled_tokens(pieces[i], self.mask_id, span.request.params, span.request.seed, after)
+                decided[i] = self.sampler.sampled_tokens(pieces[i], span.request.params, span.request.seed, after)
         if denoising:
             for i, row_tokens in zip(denoising, self._denoise([spans[i] for i in denoising],
                                                               [pieces[i] for i in denoising])):
@@ -196,7 +199,8 @@ class AnchoredRunner:
 
         Each row's logits are its rule's offsets only (``logit_positions`` rows of one position each); their
         candidates and confidences return to ``[rows, block]``, where the positions not computed keep their
-        token and get a confidence of -inf, and the rule decides what the step writes."""
+        token and get a confidence of -inf, and the rule decides what the step writes. A sampled row's draws
+        are keyed by its count of denoising and drafting steps, from 1, and each position's place in the row."""
         device = self.lm.device
         width = max(len(span.tokens) for span in spans)  # drafts near an answer's end are shorter
         padding = self.stop_ids[0]  # a token the rule never rewrites: a padded position commits nothing
@@ -208,10 +212,11 @@ class AnchoredRunner:
         logits = torch.cat(pieces)[:, None]  # [positions, 1, vocab]
         contexts = torch.tensor([span.row.context for span in spans], device=device)
         owning = [spans[row] for row in owners]
-        sampling = block_sampling([span.request.params for span in owning], [span.request.seed for span in owning],
-                                  [span.row.block_draws + 1 for span in owning], (contexts[at[0]] + at[1])[:, None],
-                                  logits.shape[-1])
-        candidates, confidence = propose_tokens(logits, self.mask_id, sampling)
+        sampling = self.sampler.rows_sampling([span.request.params for span in owning],
+                                              [span.request.seed for span in owning],
+                                              [span.row.block_draws + 1 for span in owning],
+                                              (contexts[at[0]] + at[1])[:, None], logits.shape[-1])
+        candidates, confidence = self.sampler.propose(logits, sampling)
         candidates = blocks.index_put(at, candidates.view(-1))
         confidence = confidence.new_full(blocks.shape, float("-inf")).index_put(at, confidence.view(-1))
         steps = torch.tensor([span.row.step_in_block for span in spans], device=device)

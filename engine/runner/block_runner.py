@@ -14,14 +14,13 @@ import torch
 
 from engine.config import EngineConfig, window_lookback
 from engine.models.loader import DiffusionLM
-from engine.parallel.candidates import split_candidates
 from engine.rules.base import BlockRule, BlockView, RowState, RowStep
-from engine.rules.proposals import Sampling, gumbel_noise, propose_tokens
+from engine.rules.proposals import Sampling
 from engine.runner.batch import PersistentBatch
 from engine.runner.batch_inputs import StepBatch, prepare_inputs, step_parts
-from engine.runner.logit_processors import apply_logit_bias, token_logprobs
 from engine.runner.parts_shifted_block_causal import greedy_block_starts
 from engine.runner.prefix_cache import PrefixCache, prefix_cache_blocks
+from engine.runner.sampler import Sampler
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
 from engine.structured.rows import ConstrainedRows
@@ -30,6 +29,7 @@ from engine.structured.rows import ConstrainedRows
 class BlockRunner:
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: BlockRule):
         self.lm = lm
+        self.sampler = Sampler(lm.special_ids.mask_id, rule.measure)
         self.rule = rule
         self.row_states: dict[str, RowState] = {}  # request id -> its rule state, as the last step left it
         self.batch = PersistentBatch(lm, config.max_batch_size, max_row_width, config.block_length, config.cache,
@@ -114,32 +114,27 @@ class BlockRunner:
 
     def _propose(self, inputs: StepBatch, hidden: torch.Tensor, at: tuple[torch.Tensor, torch.Tensor]
                  ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
-        """The step's logits ``[positions, 1, vocab]`` and each position's candidate and confidence. A split
-        model's greedy step whose rule ranks by probability joins no logits (``engine.parallel.candidates``)."""
-        spans, mask_id = inputs.positions.spans, self.lm.special_ids.mask_id
+        """The step's logits ``[positions, 1, vocab]`` (biased) and each position's candidate and confidence,
+        from the sampler. A split model's greedy step whose rule ranks by probability joins no logits."""
+        spans, sampler = inputs.positions.spans, self.sampler
         if self.lm.shard.is_split and self.rule.measure == "probability" and not self.rule.reads_logits and (
                 inputs.bias is None and inputs.sampled is None and inputs.logprobs is None):
             local = self.lm.model.logits(hidden, at, spans, local=True).unsqueeze(1)
-            head = self.lm.model.lm_head
-            return None, split_candidates(local, self.lm.shard, head.first, self.lm.vocab_size, mask_id)
-        logits = self.lm.model.logits(hidden, at, spans).unsqueeze(1)
-        if inputs.bias is not None:  # once, for the rule and the log-probabilities alike
-            logits = apply_logit_bias(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32),
-                                      inputs.bias.rows, inputs.bias.values)
+            return None, sampler.split_greedy(local, self.lm.shard, self.lm.model.lm_head.first, self.lm.vocab_size)
+        logits = sampler.biased(self.lm.model.logits(hidden, at, spans).unsqueeze(1), inputs.bias)
         sampling = self._sampling(inputs, logits.shape[-1])
-        candidates, confidence = propose_tokens(logits, mask_id, sampling, measure=self.rule.measure)
+        candidates, confidence = sampler.propose(logits, sampling)
         if self.parts.seeds_greedily and sampling is not None:
-            candidates = greedy_block_starts(inputs.positions.offsets, logits, candidates, mask_id)
+            candidates = greedy_block_starts(inputs.positions.offsets, logits, candidates, sampler.mask_id)
         return logits, (candidates, confidence)
 
-    @staticmethod
-    def _sampling(inputs: StepBatch, vocab_size: int) -> Sampling | None:
+    def _sampling(self, inputs: StepBatch, vocab_size: int) -> Sampling | None:
         """The draws of the sampled positions (None: every row is greedy)."""
         sampled = inputs.sampled
         if sampled is None:
             return None
-        return Sampling(rows=sampled.positions, temperatures=sampled.temperatures,
-                        noise=gumbel_noise(*sampled.noise_keys, vocab_size), filters=sampled.filters)
+        return self.sampler.sampling(sampled.positions, sampled.temperatures, sampled.noise_keys, sampled.filters,
+                                     vocab_size)
 
     def _row_result(self, row: RowStep, lead: int) -> RowResult:
         """A row's step as a RowResult: once its block is final, the block's answer tokens (after its ``lead``
@@ -154,8 +149,8 @@ class BlockRunner:
         """The log-probabilities of the positions written now, for the rows that asked (``logits`` already
         hold the rows' logit bias); a position written again (an edit) reports its last token's."""
         asked = inputs.logprobs
-        chosen, top_values, top_ids = token_logprobs(logits[asked.positions], self.lm.special_ids.mask_id,
-                                                     candidates[asked.positions], asked.num_top)
+        chosen, top_values, top_ids = self.sampler.logprobs(logits[asked.positions], candidates[asked.positions],
+                                                            asked.num_top)
         self.batch.logprob_buffer().write(inputs.slots[asked.position_rows], asked.position_offsets,
                                           written[asked.position_rows, asked.position_offsets],
                                           chosen.view(-1), top_values[:, 0], top_ids[:, 0])

@@ -8,10 +8,12 @@ the scheduler then lets the row leave or start its next canvas at the next step,
 The model returns the canvases' hidden states; the head, the sampler and the self-conditioning then run
 over chunks of ``rows_per_chunk`` rows, so a step's vocabulary-sized temporaries are one chunk's,
 whatever its batch. Each row draws from its own generator, so cutting a batch into chunks changes no draw.
-A request's logit bias is added to its logits before the sampler reads them, where transformers' generate
-applies a caller's ``logits_processor``: the draw, the entropies, the stop and the self-conditioning all see
-it. A request that asks for log-probabilities gets, per committed token, its log-probability under the
-biased logits of the step that committed the canvas, without the temperature (``token_logprobs``).
+The rule draws with those generators, as transformers' seeded generate defines the result; the shared
+sampler (``engine.runner.sampler``) gives the rest. A request's logit bias is added to its logits before the
+rule reads them, where transformers' generate applies a caller's ``logits_processor``: the draw, the entropies,
+the stop and the self-conditioning all see it. A request that asks for log-probabilities gets, per committed
+token, its log-probability under the biased logits of the step that committed the canvas, without the
+temperature, over every token (its canvas may hold any).
 With prefix caching a joining row's prompt starts from its cached pages (``canvas_prefix_cache``).
 """
 from __future__ import annotations
@@ -27,7 +29,8 @@ from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, StorePart
 from engine.models.loader import DiffusionLM
 from engine.rules.base import CanvasRule
 from engine.runner.canvas_prefix_cache import CanvasPrefixCache, pool_pages
-from engine.runner.logit_processors import apply_logit_bias, dense_bias, token_logprobs
+from engine.runner.logit_processors import RowBias, dense_bias
+from engine.runner.sampler import Sampler
 from engine.runner.slots import SlotAllocator
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
@@ -74,6 +77,7 @@ class CanvasLogprobs:
 class CanvasRunner:
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: CanvasRule):
         self.lm, self.model = lm, lm.model
+        self.sampler = Sampler(mask_id=None)  # bias and log-probabilities; the rule draws
         self.rule = rule
         self.length = config.block_length
         slots, device = config.max_batch_size, lm.device
@@ -178,7 +182,7 @@ class CanvasRunner:
         each row's argmax canvas and whether its canvas completes, and the asking rows' log-probabilities
         (``first``: the chunk's first row in the step). Its vocabulary-sized temporaries end here."""
         slots = torch.tensor([row.slot for row in rows], device=hidden.device)
-        logits = self._biased(rows, self.model.logits(hidden))
+        logits = self.sampler.biased(self.model.logits(hidden), self._bias(rows))
         asking = [index for index, row in enumerate(rows) if row.logprobs is not None]
         logprobs = self._canvas_logprobs(logits, steps_left, asking, first, num_top) if asking else None
         result = self.rule.denoise(logits, self.canvas[slots], self.history[slots], steps_left,
@@ -188,14 +192,12 @@ class CanvasRunner:
         complete = result.stopped | (steps_left <= 1)
         return torch.cat([result.argmax, complete[:, None]], dim=1), logprobs
 
-    @staticmethod
-    def _biased(rows: list[CanvasRow], logits: torch.Tensor) -> torch.Tensor:
-        """The logits with each row's logit bias added (a new tensor when any row has one)."""
+    def _bias(self, rows: list[CanvasRow]) -> RowBias | None:
+        """The logit bias of a chunk's rows that have one (None: no row has)."""
         biased = [index for index, row in enumerate(rows) if row.bias is not None]
         if not biased:
-            return logits
-        return apply_logit_bias(logits, torch.tensor(biased, device=logits.device),
-                                torch.stack([rows[index].bias for index in biased]))
+            return None
+        return RowBias(torch.tensor(biased, device=self.lm.device), torch.stack([rows[index].bias for index in biased]))
 
     def _canvas_logprobs(self, logits: torch.Tensor, steps_left: torch.Tensor, asking: list[int], first: int,
                          num_top: int) -> CanvasLogprobs:
@@ -205,7 +207,7 @@ class CanvasRunner:
         index = torch.tensor(asking, device=logits.device)
         picked = logits if len(asking) == logits.shape[0] else logits[index]
         tokens = self.rule.scale(picked.clone(), steps_left[index]).argmax(dim=-1)
-        chosen, top_values, top_ids = token_logprobs(picked, None, tokens, num_top)
+        chosen, top_values, top_ids = self.sampler.logprobs(picked, tokens, num_top)
         return CanvasLogprobs([first + index for index in asking], tokens, chosen, top_values, top_ids)
 
     def _committed_logprobs(self, rows: list[CanvasRow], parts: list[CanvasLogprobs], host: list[list[int]]
