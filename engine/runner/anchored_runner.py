@@ -47,7 +47,6 @@ class AnchoredRow:
     context: int = 0  # positions stored in its cache slot
     block: list[int] | None = None  # the active block (denoised or drafted), None while storing
     block_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # its positions', as committed
-    step_in_block: int = 0
     block_draws: int = 0  # denoising and drafting steps it has taken: the noise step of its block draws
     generated: int = 0  # tokens it has reported
 
@@ -219,25 +218,25 @@ class AnchoredRunner:
         candidates, confidence = self.sampler.propose(logits, sampling)
         candidates = blocks.index_put(at, candidates.view(-1))
         confidence = confidence.new_full(blocks.shape, float("-inf")).index_put(at, confidence.view(-1))
-        steps = torch.tensor([span.row.step_in_block for span in spans], device=device)
+        steps = torch.tensor([span.request.step_in_block for span in spans], device=device)
         return self.rule.step(BlockView(blocks, candidates, confidence, None, steps)).tokens
 
     def _advance(self, span: _Span, values: list[int], logprobs: list[TokenLogprob] | None) -> RowResult:
         """Carry out what the row's rule reads from its step (``SpanReading``)."""
-        row = span.row
+        row, denoised = span.row, span.kind in ("denoise", "draft")
         stop_ids = self.stop_ids if span.request.params.stop_at_eos else None
         reading = self.rule.read_span(span.plan, span.tokens, values, stop_ids)
         emitted_logprobs = logprobs[:len(reading.emitted)] if logprobs and reading.emitted is not None else None
-        if span.kind in ("denoise", "draft"):
+        if denoised:
             if logprobs and span.kind == "denoise":  # a position's log-probability is the one it was written at
                 computed = dict(zip(span.logit_offsets, logprobs))
                 row.block_logprobs = [computed[j] if j in computed and values[j] != token else kept
                                       for j, (token, kept) in enumerate(zip(span.tokens, row.block_logprobs))]
                 emitted_logprobs = row.block_logprobs
-            row.step_in_block, row.block_draws = row.step_in_block + 1, row.block_draws + 1
+            row.block_draws += 1
         row.context, row.pending, row.block = row.context + reading.kept, reading.pending or [], reading.block
-        result = (self._report(row, reading.emitted, emitted_logprobs) if reading.emitted is not None
-                  else RowResult(False, None, None))
+        result = (self._report(row, reading.emitted, emitted_logprobs, denoised) if reading.emitted is not None
+                  else RowResult(False, None, None, denoised=denoised))
         if reading.seed is not None:
             self._start_block(row, reading.seed)
             if reading.emitted is None:  # the seed's log-probability opens the block's
@@ -251,11 +250,11 @@ class AnchoredRunner:
         if self.rule.drafts_to_budget:
             length = max(1, min(length, row.max_new_tokens - row.generated + len(seed)))
         row.block = seed + [self.mask_id] * (length - len(seed))
-        row.step_in_block = 0
 
-    def _report(self, row: AnchoredRow, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> RowResult:
+    def _report(self, row: AnchoredRow, tokens: list[int], logprobs: list[TokenLogprob] | None,
+                denoised: bool) -> RowResult:
         row.generated += len(tokens)
-        return RowResult(True, first_stop(tokens, self.stop_ids), tokens, logprobs)
+        return RowResult(True, first_stop(tokens, self.stop_ids), tokens, logprobs, denoised=denoised)
 
     @staticmethod
     def _record(spans: list[_Span]) -> ForwardRecord:

@@ -52,6 +52,8 @@ class RowResult:
     block_tokens: list[int] | None  # the completed block; None while it is not final
     block_logprobs: list[TokenLogprob] | None = None  # the completed block's, if its request asked
     counters: dict[str, int] = field(default_factory=dict)  # the rule's counts of this row's step, by name
+    denoised: bool = True  # the step denoised or drafted its active block; False: an anchored row's store or
+    # verify span, which ``Request.step_in_block`` does not count
 
 
 @dataclass(frozen=True)

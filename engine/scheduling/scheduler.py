@@ -161,7 +161,8 @@ class Scheduler:
         for request_id, result in output.rows.items():
             request = by_id[request_id]
             request.between_blocks = False  # it ran this step, so it was inside a block
-            request.step_in_block += 1
+            if result.denoised:  # an anchored row's store or verify is no denoising step of its block
+                request.step_in_block += 1
             request.num_steps += request.adds_to_output  # a static row past its EOS: waste
             if result.block_complete:
                 new_token_ids[request_id] = request.complete_block(result.block_tokens, result.stop_index,
