@@ -38,7 +38,7 @@ class BlockRunner:
         self.prefix_cache = (PrefixCache(self.batch.kv_cache, prefix_cache_blocks(config, max_row_width),
                                          config.block_length)
                              if config.enable_prefix_caching and self.batch.kv_cache is not None else None)
-        self.constrained = ConstrainedRows(lm.vocab_size, lm.special_ids.mask_id, lm.special_ids.eos_id, rule.measure)
+        self.constrained = ConstrainedRows(lm.vocab_size, lm.special_ids.eos_id, self.sampler)
 
     @torch.no_grad()
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:

@@ -24,10 +24,11 @@ import torch
 import xgrammar
 
 from engine.rules.base import BlockUpdate, BlockView
-from engine.rules.proposals import Sampling, gumbel_noise, propose_tokens
+from engine.rules.proposals import Sampling
 from engine.runner.batch_inputs import StepBatch
 from engine.runner.logit_positions import positions_of
 from engine.runner.logit_processors import TokenFilters
+from engine.runner.sampler import Sampler
 from engine.scheduling.request import Request
 
 
@@ -45,8 +46,8 @@ class Chain:
 class ConstrainedRows:
     """The grammar matchers of the rows that asked for structured output, by request id."""
 
-    def __init__(self, vocab_size: int, mask_id: int, eos_id: int, measure: str):
-        self.vocab_size, self.mask_id, self.eos_id, self.measure = vocab_size, mask_id, eos_id, measure
+    def __init__(self, vocab_size: int, eos_id: int, sampler: Sampler):
+        self.vocab_size, self.mask_id, self.eos_id, self.sampler = vocab_size, sampler.mask_id, eos_id, sampler
         self.matchers: dict[str, xgrammar.GrammarMatcher] = {}
         self.chains: list[Chain] = []  # this step's, from propose to settle
 
@@ -134,8 +135,7 @@ class ConstrainedRows:
         allowed = torch.where((ended | stuck)[:, None], eos, allowed)
         at = torch.tensor(positions, device=logits.device)
         masked = logits[at].masked_fill(~allowed[:, None, :], float("-inf"))
-        return propose_tokens(masked, self.mask_id, _sampling(inputs, positions, sampled, logits.shape[-1]),
-                              measure=self.measure)
+        return self.sampler.propose(masked, _sampling(inputs, positions, sampled, logits.shape[-1]))
 
     def _allowed(self, bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
         """Bool ``[rows, vocab]`` from xgrammar's packed int32 bitmask (bit j of word i is token 32 i + j)."""
@@ -169,6 +169,5 @@ def _sampling(inputs: StepBatch, positions: list[int], sampled: dict[int, int], 
     keys = torch.tensor([key for _, key in picked], device=device)
     seeds, steps, canvas = inputs.sampled.noise_keys
     filters = inputs.sampled.filters
-    return Sampling(rows=rows, temperatures=inputs.sampled.temperatures[keys],
-                    noise=gumbel_noise(seeds[keys], steps[keys], canvas[keys], vocab),
-                    filters=None if filters is None else TokenFilters(filters.top_k[keys], filters.top_p[keys]))
+    return Sampler.sampling(rows, inputs.sampled.temperatures[keys], (seeds[keys], steps[keys], canvas[keys]),
+                            None if filters is None else TokenFilters(filters.top_k[keys], filters.top_p[keys]), vocab)
