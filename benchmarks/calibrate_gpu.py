@@ -53,7 +53,7 @@ def _parts(lm: DiffusionLM, refresh_rows: int, window_rows: int, width: int):
     ``[0, window_rows)`` as the engine packs them, refresh rows after), and the trace record the engine
     would write for it."""
     device, rows = lm.device, refresh_rows + window_rows
-    kv_cache = KVCache(lm.model.config, rows, width, lm.dtype, device)
+    kv_cache = KVCache(lm.model.config.cache_spec(width), rows, lm.dtype, device)
     kv_cache.key_mask[:, :width] = True
     tokens = torch.randint(0, 100, (rows, width), device=device)
     positions = torch.arange(width, device=device).expand(rows, -1)

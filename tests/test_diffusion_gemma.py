@@ -9,8 +9,8 @@ import torch
 from transformers import DiffusionGemmaForBlockDiffusion, DynamicCache
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
-from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, StorePart
+from engine.models.kv_cache import KVCache
 from engine.models.loader import load_model
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-diffusion_gemma"
@@ -47,7 +47,7 @@ def test_encoder_and_decoder_logits_equal_transformers(lm, reference, prompt_len
     canvas = torch.randint(0, vocab, (2, 1, canvas_length), generator=generator)
     conditioning = torch.randn(1, canvas_length, vocab, generator=generator)
     cache = DynamicCache(config=reference.config.get_text_config(decoder=True))
-    ours = CanvasKVCache(lm.model.config, 2, 64, torch.float32, torch.device("cpu"))
+    ours = KVCache(lm.model.config.cache_spec(64), 2, torch.float32, torch.device("cpu"))
     with torch.no_grad():
         reference.model.encoder(input_ids=prompt, cache=cache)
         expected = reference(decoder_input_ids=canvas[0], cache=cache, self_conditioning_logits=conditioning).logits

@@ -11,7 +11,7 @@ import pytest
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models.loader import load_model
 from engine.runner import memory
-from engine.runner.canvas_prefix_cache import PAGE_LENGTH
+from engine.runner.prefix_cache import PAGE_LENGTH
 from engine.scheduling.model_fit import config_for_model
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-diffusion_gemma"

@@ -9,8 +9,8 @@ import torch
 
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.layers.fp8 import FP8
-from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, StorePart
+from engine.models.kv_cache import KVCache
 from engine.models.loader import load_model
 from tests.conftest import FIXTURES
 from tests.fp8_helpers import (
@@ -47,7 +47,7 @@ def canvas_logits(lm, lengths: list[int]) -> torch.Tensor:
     generator = torch.Generator().manual_seed(len(lengths))
     prompts = [torch.randint(3, lm.vocab_size, (length,), generator=generator) for length in lengths]
     canvas = torch.randint(0, lm.vocab_size, (len(lengths), lm.model.config.canvas_length), generator=generator)
-    cache = CanvasKVCache(lm.model.config, len(lengths), 64, torch.float32, torch.device("cpu"))
+    cache = KVCache(lm.model.config.cache_spec(64), len(lengths), torch.float32, torch.device("cpu"))
     slots = tuple(range(len(lengths)))
     step = CanvasStep(StorePart(torch.cat(prompts), slots, (0,) * len(lengths), tuple(lengths)),
                       DecodePart(canvas, slots, tuple(lengths)))

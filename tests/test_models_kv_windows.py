@@ -20,7 +20,7 @@ def _window_check(lm: DiffusionLM, input_ids, position_ids, key_mask, columns, v
     refresh of the same tokens reproduces the full forward's logits there and leaves the cache as it was."""
     model = lm.model
     rows, width = input_ids.shape
-    kv_cache = KVCache(model.config, rows, width, lm.dtype, input_ids.device)
+    kv_cache = KVCache(model.config.cache_spec(width), rows, lm.dtype, input_ids.device)
     kv_cache.key_mask[:, :width] = key_mask
     slots = torch.arange(rows)
     all_columns = torch.arange(width).expand(rows, -1)
@@ -64,7 +64,7 @@ def test_grouped_query_attention_never_takes_the_math_backend(loaded):
     input_ids, position_ids, key_mask = left_padded([10, 7], lm.vocab_size, lm.special_ids.pad_id, seed=8)
     fused_only = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
     with torch.no_grad(), sdpa_kernel(fused_only):
-        kv_cache = KVCache(lm.model.config, 2, 10, lm.dtype, input_ids.device)
+        kv_cache = KVCache(lm.model.config.cache_spec(10), 2, lm.dtype, input_ids.device)
         kv_cache.key_mask[:, :10] = key_mask
         lm.model.forward_step(RefreshPart(input_ids, position_ids, key_mask, torch.arange(10).expand(2, -1),
                                           torch.arange(2)), None, kv_cache)

@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import BlockServeEngine
-from engine.models.anchored.model import AnchoredKVCache
 from engine.models.anchored.spans import SpanStep
+from engine.models.kv_cache import KVCache
 from engine.models.loader import load_model
 from engine.rules.linear_spec import LinearSpec
 from tests.conftest import FIXTURES
@@ -61,7 +61,7 @@ def transformers_ministral3():
     return model.eval()
 
 
-def span_logits(lm, tokens: list[int], starts: int, causal: bool, cache: AnchoredKVCache) -> torch.Tensor:
+def span_logits(lm, tokens: list[int], starts: int, causal: bool, cache: KVCache) -> torch.Tensor:
     step = SpanStep(torch.tensor(tokens), (0,), (starts,), (len(tokens),), (causal,), torch.arange(len(tokens)))
     return lm.model.span_logits(step, cache)
 
@@ -70,7 +70,7 @@ def test_stored_and_denoised_logits_equal_transformers_ministral3(lm):
     """A 70-token prompt stored causally, then a block of 8 denoised bidirectionally over it: positions past
     48, where YaRN's long wavelengths and the query scale differ from plain RoPE."""
     prompt, block = [(7 * i) % 90 for i in range(70)], [5, *[lm.special_ids.mask_id] * 7]
-    cache = AnchoredKVCache(lm.model.config, 1, 96, torch.float32, torch.device("cpu"))
+    cache = KVCache(lm.model.config.cache_spec(96), 1, torch.float32, torch.device("cpu"))
     stored = span_logits(lm, prompt, 0, True, cache)
     denoised = span_logits(lm, block, len(prompt), False, cache)
     width = len(prompt) + len(block)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from engine.models.kv_cache import CacheSpec
 from engine.parallel.shard import TensorShard
 
 TRANSFORMER_ATTENTIONS = ("bidirectional", "block_causal")  # the one transformer's: whole rows, or blocks
@@ -73,6 +74,11 @@ class TransformerConfig:
             raise ValueError(f"rotary_dim {self.rotary_dim} must be even and in (0, head_dim {self.head_dim}]")
         if self.attention not in TRANSFORMER_ATTENTIONS:
             raise ValueError(f"attention must be one of {TRANSFORMER_ATTENTIONS}, got {self.attention!r}")
+
+    def cache_spec(self, width: int) -> CacheSpec:
+        """Block rows' cache: every layer full, with the key mask and the scratch column a window needs."""
+        return CacheSpec.uniform(self.num_layers, self.num_kv_heads, self.head_dim, width, scratch_column=True,
+                                 key_mask=True)
 
     @property
     def routing_block(self) -> int | None:

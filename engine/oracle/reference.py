@@ -128,7 +128,7 @@ def _blank_canvas(lm: DiffusionLM, prompt_ids: list[int], width: int,
     canvas[0, :len(prompt_ids)] = torch.tensor(prompt_ids, device=device)
     positions = torch.arange(width, device=device)[None]
     key_mask = torch.ones(1, width, dtype=torch.bool, device=device)
-    kv_cache = KVCache(lm.model.config, 1, width, lm.dtype, device) if cache != "none" else None
+    kv_cache = KVCache(lm.model.config.cache_spec(width), 1, lm.dtype, device) if cache != "none" else None
     if kv_cache is not None:
         kv_cache.key_mask[0, :width] = True
     return canvas, positions, key_mask, kv_cache

@@ -88,7 +88,7 @@ class CachedBlockForward:
         self.lm, self.canvas, self.block_length = lm, canvas, block_length
         width = canvas.shape[1]
         self.positions = torch.arange(width, device=canvas.device)[None]
-        self.kv_cache = KVCache(lm.model.config, 1, width, lm.dtype, canvas.device)
+        self.kv_cache = KVCache(lm.model.config.cache_spec(width), 1, lm.dtype, canvas.device)
         self.kv_cache.key_mask[0, :width] = True
 
     def prefill(self, end: int) -> None:

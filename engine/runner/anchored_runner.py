@@ -9,7 +9,7 @@ Its rule plans the span and reads the step back (``engine.rules.spans``); the ru
 * a **denoising** step runs the active block bidirectionally over the stored context, and the decoding
   rule (``threshold``) commits its masks. A block is complete when the rule makes it final, or once it
   holds a stop token with no mask before it (the checkpoint's own loop stops there);
-* with prefix caching a joining row starts from its prompt's cached pages (``anchored_prefix_cache``);
+* with prefix caching a joining row starts from its prompt's cached pages (``prefix_cache``);
 * under ``linear_spec`` a row **drafts** its next block bidirectionally, then **verifies** it with one causal
   store, accepts the run the rule counts and keeps the cache up to it (its context ends there).
 
@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import EngineConfig
-from engine.models.anchored.model import AnchoredKVCache
 from engine.models.anchored.spans import SpanStep
+from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.rules.base import BlockView, DecodingRule
 from engine.rules.spans import SpanPlan
-from engine.runner.anchored_prefix_cache import AnchoredPrefixCache
-from engine.runner.canvas_prefix_cache import pool_pages
+from engine.runner.prefix_cache import PAGE_LENGTH, PrefixCache, pool_pages
 from engine.runner.sampler import Sampler, spans_bias
 from engine.runner.slots import SlotAllocator
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
@@ -78,8 +77,9 @@ class AnchoredRunner:
         self.block_length = config.block_length
         self.causal_context = config.causal_context
         self.mask_id, self.stop_ids = lm.special_ids.mask_id, lm.special_ids.stop_ids
-        self.cache = AnchoredKVCache(self.model.config, config.max_batch_size, max_row_width + 1, lm.dtype, lm.device)
-        self.prefix_cache = (AnchoredPrefixCache(self.model.config, self.cache, pool_pages(config, max_row_width))
+        self.cache = KVCache(self.model.config.cache_spec(max_row_width + 1), config.max_batch_size, lm.dtype,
+                             lm.device)
+        self.prefix_cache = (PrefixCache(self.cache, pool_pages(config, max_row_width, PAGE_LENGTH), PAGE_LENGTH)
                              if config.enable_prefix_caching else None)
         self.slots: SlotAllocator[str] = SlotAllocator(config.max_batch_size)
         self.rows: dict[str, AnchoredRow] = {}
@@ -88,11 +88,13 @@ class AnchoredRunner:
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         for request in scheduled.admitted:
             slot = self.slots.take(request.request_id)
-            cached = self.prefix_cache.reuse(request, slot) if self.prefix_cache is not None else 0
+            cached = (self.prefix_cache.reuse(request, slot, (request.prompt_length - 1) // PAGE_LENGTH)
+                      if self.prefix_cache is not None else 0)
             self.rows[request.request_id] = AnchoredRow(slot, request.params.max_new_tokens, context=cached,
                                                         pending=list(request.prompt_token_ids[cached:]))
         if self.prefix_cache is not None and scheduled.admitted:
-            self.prefix_cache.claim(scheduled.admitted, [self.rows[r.request_id].slot for r in scheduled.admitted])
+            slots = [self.rows[request.request_id].slot for request in scheduled.admitted]
+            self.prefix_cache.claim_prompts(scheduled.admitted, slots)
         requests = [*scheduled.starting, *scheduled.continuing]
         if not requests:
             return RunnerOutput(rows={}, model_time_s=0.0)

@@ -42,7 +42,8 @@ class PersistentBatch:
         self.mask_id, self.pad_id, self.logit_shift = lm.special_ids.mask_id, lm.special_ids.pad_id, lm.logit_shift
         self.vocab_size = lm.vocab_size
         self.window_lookback = window_lookback  # columns a window starts before the block (<= logit_shift)
-        self.kv_cache = KVCache(lm.model.config, slots, width, lm.dtype, device) if cache_mode != "none" else None
+        self.kv_cache = (KVCache(lm.model.config.cache_spec(width), slots, lm.dtype, device) if cache_mode != "none"
+                         else None)
         self.key_mask = (self.kv_cache.key_mask if self.kv_cache is not None
                          else torch.zeros((slots, width + 1), dtype=torch.bool, device=device))
         self.tokens = torch.full((slots, width), self.pad_id, dtype=torch.long, device=device)

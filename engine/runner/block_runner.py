@@ -19,7 +19,7 @@ from engine.rules.proposals import Sampling
 from engine.runner.batch import PersistentBatch
 from engine.runner.batch_inputs import StepBatch, prepare_inputs, step_parts
 from engine.runner.parts_shifted_block_causal import greedy_block_starts
-from engine.runner.prefix_cache import PrefixCache, prefix_cache_blocks
+from engine.runner.prefix_cache import PrefixCache, pool_pages, whole_prompt_blocks
 from engine.runner.sampler import Sampler
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
@@ -35,7 +35,7 @@ class BlockRunner:
         self.batch = PersistentBatch(lm, config.max_batch_size, max_row_width, config.block_length, config.cache,
                                      window_lookback=window_lookback(config, lm.logit_shift))
         self.parts = step_parts(lm.layout)
-        self.prefix_cache = (PrefixCache(self.batch.kv_cache, prefix_cache_blocks(config, max_row_width),
+        self.prefix_cache = (PrefixCache(self.batch.kv_cache, pool_pages(config, max_row_width, config.block_length),
                                          config.block_length)
                              if config.enable_prefix_caching and self.batch.kv_cache is not None else None)
         self.constrained = ConstrainedRows(lm.vocab_size, lm.special_ids.eos_id, self.sampler)
@@ -48,7 +48,8 @@ class BlockRunner:
             self.row_states[request.request_id] = self.rule.new_row_state()
             self.constrained.admit(request)
             if self.prefix_cache is not None:
-                self.prefix_cache.reuse(request)
+                blocks = whole_prompt_blocks(request, self.prefix_cache.page_length)
+                self.prefix_cache.reuse(request, request.slot, blocks)
         if not scheduled.num_rows:
             return RunnerOutput(rows={}, model_time_s=0.0)
         whole, window = self.parts.assign(self.batch, scheduled)

@@ -14,7 +14,7 @@ rule reads them, where transformers' generate applies a caller's ``logits_proces
 the stop and the self-conditioning all see it. A request that asks for log-probabilities gets, per committed
 token, its log-probability under the biased logits of the step that committed the canvas, without the
 temperature, over every token (its canvas may hold any).
-With prefix caching a joining row's prompt starts from its cached pages (``canvas_prefix_cache``).
+With prefix caching a joining row's prompt starts from its cached pages (``prefix_cache``).
 """
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import EngineConfig
-from engine.models.diffusion_gemma.kv_cache import CanvasKVCache
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, StorePart
+from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.rules.base import CanvasRule
-from engine.runner.canvas_prefix_cache import CanvasPrefixCache, pool_pages
 from engine.runner.logit_processors import RowBias, dense_bias
+from engine.runner.prefix_cache import PAGE_LENGTH, PrefixCache, pool_pages
 from engine.runner.sampler import Sampler
 from engine.runner.slots import SlotAllocator
 from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
@@ -81,8 +81,8 @@ class CanvasRunner:
         self.rule = rule
         self.length = config.block_length
         slots, device = config.max_batch_size, lm.device
-        self.cache = CanvasKVCache(self.model.config, slots, max_row_width, lm.dtype, device)
-        self.prefix_cache = (CanvasPrefixCache(self.model.config, self.cache, pool_pages(config, max_row_width))
+        self.cache = KVCache(self.model.config.cache_spec(max_row_width), slots, lm.dtype, device)
+        self.prefix_cache = (PrefixCache(self.cache, pool_pages(config, max_row_width, PAGE_LENGTH), PAGE_LENGTH)
                              if config.enable_prefix_caching else None)
         self.canvas = torch.zeros((slots, self.length), dtype=torch.long, device=device)
         self.soft = torch.zeros((slots, self.length, self.model.config.hidden_size), dtype=lm.dtype, device=device)
@@ -96,13 +96,14 @@ class CanvasRunner:
         for request in scheduled.admitted:
             generator = torch.Generator(device=self.lm.device).manual_seed(request.seed)
             slot = self.slots.take(request.request_id)
-            cached = self.prefix_cache.reuse(request, slot) if self.prefix_cache is not None else 0
+            cached = (self.prefix_cache.reuse(request, slot, request.prompt_length // PAGE_LENGTH)
+                      if self.prefix_cache is not None else 0)
             bias = (dense_bias([request.params.logit_bias], self.lm.vocab_size, torch.float32, self.lm.device)[0]
                     if request.params.logit_bias else None)
             self.rows[request.request_id] = CanvasRow(slot, generator, pending=list(request.prompt_token_ids[cached:]),
                                                       context=cached, bias=bias, logprobs=request.params.logprobs)
         if self.prefix_cache is not None and scheduled.admitted:
-            for request, pages in zip(scheduled.admitted, self.prefix_cache.claim(scheduled.admitted)):
+            for request, pages in zip(scheduled.admitted, self.prefix_cache.claim_prompts(scheduled.admitted, None)):
                 self.rows[request.request_id].pages = pages
         requests = [*scheduled.starting, *scheduled.continuing]
         if not requests:

@@ -20,16 +20,13 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.models.anchored.model import AnchoredKVCache
-from engine.models.diffusion_gemma.kv_cache import CanvasKVCache, PagePool
-from engine.models.kv_cache import KVCache
+from engine.models.kv_cache import CacheSpec, PagePool
 from engine.models.loader import DiffusionLM
 from engine.models.part_attention import part_attention
 from engine.rules import rule_class
 from engine.rules.proposals import NOISE_CHUNK_ELEMENTS
-from engine.runner.anchored_prefix_cache import AnchoredPrefixCache
-from engine.runner.canvas_prefix_cache import PAGE_LENGTH, pool_pages
 from engine.runner.canvas_runner import rows_per_chunk
+from engine.runner.prefix_cache import PAGE_LENGTH, pool_pages
 from engine.scheduling.model_fit import block_length_for, prefix_caching
 
 INDEX_BYTES = 8  # token ids and positions are int64
@@ -54,6 +51,16 @@ class MemoryModel:
         return box_tokens * self.bytes_per_box_token + logit_rows * self.logit_bytes_per_row + sampling
 
 
+def cache_bytes(lm: DiffusionLM, config: EngineConfig, spec: CacheSpec, page_length: int) -> int:
+    """What the runner's ``KVCache`` of ``spec`` allocates for ``max_batch_size`` slots, and with prefix caching
+    its ``PagePool`` of pages of ``page_length`` positions (``engine.runner.prefix_cache``)."""
+    slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
+    pool = 0
+    if prefix_caching(config, lm):
+        pool = PagePool.num_bytes_for(spec, pool_pages(config, width, page_length), page_length, lm.dtype)
+    return spec.num_bytes(slots, lm.dtype) + pool
+
+
 def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     """DiffusionGemma: sliding layers keep a ring of ``sliding_window - 1`` columns, global layers every
     column; a step holds one chunk of rows' canvas logits at a time (``canvas_runner.rows_per_chunk``), and
@@ -67,12 +74,9 @@ def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     hidden, heads = model_config.hidden_size, model_config.num_heads
     per_token = 8 * hidden + 3 * model_config.intermediate_size + heads * width + 4 * widest_head
     per_token += model_config.experts_per_token * (3 * model_config.moe_intermediate_size + 2 * hidden)
-    pool = 0
-    if prefix_caching(config, lm):  # the prefix cache's pages: every layer's keys and values
-        pool = PagePool.bytes_per_token(model_config, dtype) * pool_pages(config, width) * PAGE_LENGTH
     return MemoryModel(
         weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()),
-        arena_bytes=CanvasKVCache.bytes_per_slot(model_config, width, dtype) * slots + state + pool,
+        arena_bytes=cache_bytes(lm, config, model_config.cache_spec(width), PAGE_LENGTH) + state,
         bytes_per_box_token=element * per_token,
         # the family's sampler's float32 copies of the vocabulary per canvas position, for one chunk of rows
         logit_bytes_per_row=rule_class(lm.layout.own_rule).vocab_copies * 4 * canvas * model_config.vocab_size,
@@ -89,14 +93,10 @@ def block_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     activations, masks and the active blocks' logits."""
     model_config, dtype = lm.model.config, lm.dtype
     slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
-    columns = slots * (width + 1)
-    kv_bytes = KVCache.bytes_per_slot_column(model_config, dtype) * columns if config.cache != "none" else columns
     element = torch.empty((), dtype=dtype).element_size()
     block_length = block_length_for(config, lm)
-    if prefix_caching(config, lm) and config.cache != "none":  # the prefix cache's pool of whole blocks
-        pool_tokens = config.prefix_cache_tokens if config.prefix_cache_tokens is not None else width
-        key_value_bytes = KVCache.bytes_per_slot_column(model_config, dtype) - 1  # no key-mask flag in the pool
-        kv_bytes += key_value_bytes * (pool_tokens // block_length * block_length)
+    kv_bytes = (cache_bytes(lm, config, model_config.cache_spec(width), block_length) if config.cache != "none"
+                else slots * (width + 1))  # no cache: the key mask alone
     arena_bytes = kv_bytes + 2 * INDEX_BYTES * slots * width
     hidden, intermediate = model_config.hidden_size, model_config.intermediate_size
     per_token = 6 * hidden + 3 * intermediate + model_config.num_heads * width
@@ -118,16 +118,13 @@ def anchored_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     """The anchored runner: every layer's keys and values for each slot's columns; a step holds its spans'
     activations, their attention box and the float32 logits of the positions its rows read (a block each)."""
     model_config, dtype = lm.model.config, lm.dtype
-    slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
+    width = config.resolved_max_model_len(lm.max_length)
     element = torch.empty((), dtype=dtype).element_size()
     hidden, heads = model_config.hidden_size, model_config.num_heads
     per_token = 6 * hidden + 3 * model_config.intermediate_size + heads * width
-    pool = 0
-    if prefix_caching(config, lm):  # the prefix cache's pages: every layer's keys and values
-        pool = AnchoredPrefixCache.bytes_per_token(model_config, dtype) * pool_pages(config, width) * PAGE_LENGTH
     return MemoryModel(
         weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()),
-        arena_bytes=AnchoredKVCache.bytes_per_slot(model_config, width + 1, dtype) * slots + pool,
+        arena_bytes=cache_bytes(lm, config, model_config.cache_spec(width + 1), PAGE_LENGTH),
         bytes_per_box_token=element * per_token,
         logit_bytes_per_row=(element + 8) * block_length_for(config, lm) * model_config.vocab_size)
 

@@ -8,6 +8,7 @@ import torch
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from engine.models.kv_cache import CacheSpec
 from engine.parallel.shard import TensorShard
 
 
@@ -34,6 +35,10 @@ class AnchoredConfig:
         return replace(self, num_heads=shard.split(self.num_heads, "attention heads"),
                        num_kv_heads=shard.split_kv_heads(self.num_kv_heads),
                        intermediate_size=shard.split(self.intermediate_size, "intermediate_size"), shard=shard)
+
+    def cache_spec(self, columns: int) -> CacheSpec:
+        """Anchored rows' cache: every layer keeps ``columns`` context positions (column = position)."""
+        return CacheSpec.uniform(self.num_layers, self.num_kv_heads, self.head_dim, columns)
 
     @property
     def query_scale_beta(self) -> float | None:

@@ -16,35 +16,13 @@ from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
 from engine.layers.loading import checkpoint_slots
 from engine.models.anchored.config import AnchoredConfig
 from engine.models.anchored.spans import SpanPlan, SpanStep, plan_spans, split_by_row
+from engine.models.kv_cache import KVCache
 from engine.models.layers import RMSNorm, attend, rotate_
 from engine.models.options import ModelOptions
 
 Groups = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]  # per group of rows: packed
 # token indices, their box indices, the rows' slots, the mask [rows, 1, span, width] (engine.models.anchored.spans)
 COMPILED_GRAPHS = 8  # graphs dynamo keeps per thread: span groups (one or two) x the step kinds a run meets
-
-
-class AnchoredKVCache:
-    """Keys and values of every layer, ``[layers, slots, kv_heads, columns, head_dim]`` each."""
-
-    def __init__(self, config: AnchoredConfig, slots: int, columns: int, dtype: torch.dtype, device: torch.device):
-        shape = (config.num_layers, slots, config.num_kv_heads, columns, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
-
-    @staticmethod
-    def bytes_per_slot(config: AnchoredConfig, columns: int, dtype: torch.dtype) -> int:
-        element = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.num_layers * config.num_kv_heads * columns * config.head_dim * element
-
-    def copy_columns(self, source: torch.Tensor, target_slot: int, count: int) -> None:
-        """Write ``count`` columns of keys and values (``source``: ``[2, layers, kv_heads, count, d]``)."""
-        self.keys[:, target_slot, :, :count] = source[0]
-        self.values[:, target_slot, :, :count] = source[1]
-
-    def columns(self, slot: int, count: int) -> torch.Tensor:
-        """A slot's first ``count`` columns, ``[2, layers, kv_heads, count, d]`` (a copy)."""
-        return torch.stack([self.keys[:, slot, :, :count], self.values[:, slot, :, :count]])
 
 
 class Attention(nn.Module):
@@ -57,9 +35,11 @@ class Attention(nn.Module):
         self.o_proj = RowParallelLinear(self.heads * self.head_dim, config.hidden_size, config.shard)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor, groups: Groups,
-                cos: torch.Tensor, signed_sin: torch.Tensor, query_scale: torch.Tensor | None, keys: torch.Tensor,
-                values: torch.Tensor) -> torch.Tensor:
+                cos: torch.Tensor, signed_sin: torch.Tensor, query_scale: torch.Tensor | None,
+                cache: torch.Tensor) -> torch.Tensor:
+        """``cache``: this layer's keys and values, ``[slots, 2, kv_heads, columns, head_dim]``."""
         tokens = x.shape[0]
+        keys, values = cache[:, 0], cache[:, 1]
         q = rotate_(self.q_proj(x).view(tokens, self.heads, self.head_dim), cos, signed_sin)
         k = rotate_(self.k_proj(x).view(tokens, self.kv_heads, self.head_dim), cos, signed_sin)
         v = self.v_proj(x).view(tokens, self.kv_heads, self.head_dim)
@@ -94,9 +74,9 @@ class Layer(nn.Module):
             ("up_proj", (config.hidden_size, config.intermediate_size)))})
         self.mlp["down_proj"] = RowParallelLinear(config.intermediate_size, config.hidden_size, config.shard)
 
-    def forward(self, x, positions, write_slots, groups, cos, signed_sin, query_scale, keys, values):
+    def forward(self, x, positions, write_slots, groups, cos, signed_sin, query_scale, cache):
         attended = self.self_attn(self.input_layernorm(x), positions, write_slots, groups, cos, signed_sin, query_scale,
-                                  keys, values)
+                                  cache)
         x = x + attended
         h = self.post_attention_layernorm(x)
         return x + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](h)) * self.mlp["up_proj"](h))
@@ -104,10 +84,11 @@ class Layer(nn.Module):
 
 def run_layers(model: AnchoredTransformer, x: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
                groups: Groups, cos: torch.Tensor, signed_sin: torch.Tensor, query_scale: torch.Tensor | None,
-               keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Every layer over the packed tokens ``x``."""
+               cache: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Every layer over the packed tokens ``x``; ``cache``: every layer's keys and values, ``KVCache.data`` (one
+    input to a compiled graph) or ``KVCache.layers`` (views made once, so an eager step indexes no layer)."""
     for index, layer in enumerate(model.layers):
-        x = layer(x, positions, write_slots, groups, cos, signed_sin, query_scale, keys[index], values[index])
+        x = layer(x, positions, write_slots, groups, cos, signed_sin, query_scale, cache[index])
     return x
 
 
@@ -164,14 +145,14 @@ class AnchoredTransformer(nn.Module):
         return self.embed_tokens.weight.dtype
 
     # -- the forward -------------------------------------------------------------------------------
-    def span_logits(self, step: SpanStep, cache: AnchoredKVCache) -> torch.Tensor:
+    def span_logits(self, step: SpanStep, cache: KVCache) -> torch.Tensor:
         """Run every row's span, writing its keys and values; float32 logits at ``step.logit_index``,
         ``[positions, vocab]``. Batch-invariant mode runs each row alone, its head too."""
         if self.options.batch_invariant and step.num_rows > 1:
             return torch.cat([self.span_logits(row, cache) for row in split_by_row(step)])
         return self.head(self.span_hidden(step, cache)).float()
 
-    def span_hidden(self, step: SpanStep, cache: AnchoredKVCache) -> torch.Tensor:
+    def span_hidden(self, step: SpanStep, cache: KVCache) -> torch.Tensor:
         """Run every row's span, writing its keys and values; the final normed hidden states at
         ``step.logit_index``, ``[positions, hidden]``."""
         plan = plan_spans(step, step.tokens.device)
@@ -179,7 +160,7 @@ class AnchoredTransformer(nn.Module):
         groups = tuple((group.packed, group.box, group.slots, group.mask) for group in plan.groups)
         layers = self.compiled or run_layers
         x = layers(self, self.embed_tokens(step.tokens), plan.positions, plan.write_slots, groups, cos,
-                   signed_sin, query_scale, cache.keys, cache.values)
+                   signed_sin, query_scale, cache.data if self.compiled else cache.layers)
         return self.norm(x[step.logit_index])
 
     def rotary(self, plan: SpanPlan) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:

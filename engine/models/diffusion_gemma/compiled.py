@@ -28,7 +28,6 @@ import torch
 from engine.models.compiled import COMPILE_ERRORS, configure_dynamo
 from engine.models.compiled_shapes import WIDTH_BUCKETS, bucket
 from engine.models.diffusion_gemma.attention import attention as layer_attention
-from engine.models.diffusion_gemma.kv_cache import CanvasKVCache, PagePool
 from engine.models.diffusion_gemma.step import (
     CanvasStep,
     DecodePart,
@@ -38,6 +37,7 @@ from engine.models.diffusion_gemma.step import (
     plan_decode,
     plan_store,
 )
+from engine.models.kv_cache import KVCache, PagePool
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +73,8 @@ _decode_region = torch.compiler.nested_compile_region(_decode_layer)
 _store_region = torch.compiler.nested_compile_region(_store_layer)
 
 
-def _decode(model, cache_layers: list[torch.Tensor], canvas: torch.Tensor, soft: torch.Tensor, slots: torch.Tensor,
-            positions: torch.Tensor, global_mask: torch.Tensor, sliding_mask: torch.Tensor,
+def _decode(model, cache_layers: tuple[torch.Tensor, ...], canvas: torch.Tensor, soft: torch.Tensor,
+            slots: torch.Tensor, positions: torch.Tensor, global_mask: torch.Tensor, sliding_mask: torch.Tensor,
             regions: bool = True) -> torch.Tensor:
     """The decode part's final hidden states ``[rows, canvas, hidden]`` (``regions`` False: every layer
     inline, as the eager fallback runs)."""
@@ -88,7 +88,7 @@ def _decode(model, cache_layers: list[torch.Tensor], canvas: torch.Tensor, soft:
     return model.norm(x).view(rows, length, -1)
 
 
-def _store(model, cache_layers: list[torch.Tensor], tokens: torch.Tensor, positions: torch.Tensor,
+def _store(model, cache_layers: tuple[torch.Tensor, ...], tokens: torch.Tensor, positions: torch.Tensor,
            slots: torch.Tensor, token_slots: torch.Tensor, global_mask: torch.Tensor, sliding_mask: torch.Tensor,
            ring_tokens: torch.Tensor, ring_columns: torch.Tensor, regions: bool = True) -> torch.Tensor:
     """Store committed canvases ``tokens [rows * canvas]`` in the cache; returns the last layer's output."""
@@ -145,7 +145,7 @@ class CompiledCanvas:
     def compile_failures(self) -> dict[str, str]:
         return {f"canvas {kind} rows={rows} keys={keys}": cause for (kind, rows, keys), cause in self.failures.items()}
 
-    def decode_hidden(self, step: CanvasStep, cache: CanvasKVCache, pool: PagePool | None) -> torch.Tensor | None:
+    def decode_hidden(self, step: CanvasStep, cache: KVCache, pool: PagePool | None) -> torch.Tensor | None:
         """What the eager ``decode_hidden`` returns: prompts stored eagerly, committed canvases and the
         decode part through their buckets' graphs."""
         if step.store is not None:
@@ -164,7 +164,7 @@ class CompiledCanvas:
         hidden = self._run(key, self._decode_inputs(key, step.decode, cache), cache)
         return hidden[:step.decode.num_rows].clone()  # a captured graph's output is rewritten at its next replay
 
-    def _run(self, key: Bucket, inputs: tuple[torch.Tensor, ...], cache: CanvasKVCache) -> torch.Tensor:
+    def _run(self, key: Bucket, inputs: tuple[torch.Tensor, ...], cache: KVCache) -> torch.Tensor:
         """``key``'s forward over ``inputs``: its compiled graph, compiled at first use, else eagerly."""
         model, kind = self.model, key[0]
         if key in self.failures:
@@ -190,7 +190,7 @@ class CompiledCanvas:
         self.graphs.add(key)
         return output
 
-    def _decode_inputs(self, key: Bucket, part: DecodePart, cache: CanvasKVCache) -> tuple[torch.Tensor, ...]:
+    def _decode_inputs(self, key: Bucket, part: DecodePart, cache: KVCache) -> tuple[torch.Tensor, ...]:
         """The decode bucket's inputs, in its buffers: ``part``'s rows, then padding rows on slot 0."""
         _, rows, keys = key
         pad = rows - part.num_rows
@@ -205,7 +205,7 @@ class CompiledCanvas:
         plan = plan_decode(padded, cache.ring, self.model.dtype, global_keys=keys)
         return self._refill(key, (tokens, soft, plan.slots, plan.positions, plan.global_mask, plan.sliding_mask))
 
-    def _store_inputs(self, key: Bucket, part: StorePart, cache: CanvasKVCache) -> tuple[torch.Tensor, ...]:
+    def _store_inputs(self, key: Bucket, part: StorePart, cache: KVCache) -> tuple[torch.Tensor, ...]:
         """The store bucket's inputs, in its buffers: ``part``'s rows, then copies of its first row."""
         _, rows, keys = key
         pad = rows - part.num_rows

@@ -12,6 +12,7 @@ from typing import Literal
 
 import torch
 
+from engine.models.kv_cache import CacheSpec, LayerSpec
 from engine.parallel.shard import TensorShard
 
 LayerKind = Literal["sliding", "global"]
@@ -75,6 +76,14 @@ class GemmaTextConfig:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def cache_spec(self, width: int) -> CacheSpec:
+        """Canvas rows' cache: a global layer keeps every context position, a sliding layer a ring of the
+        last ``sliding_window - 1``: an encoder query sees itself and the ``sliding_window - 1`` positions
+        before it, and the canvas sees the context's last ``sliding_window - 1``, as transformers keeps them."""
+        return CacheSpec(tuple(LayerSpec(layer.num_kv_heads, layer.head_dim,
+                                         None if layer.kind == "global" else self.sliding_window)
+                               for layer in self.layers), width)
 
     def layers_of(self, kind: LayerKind) -> list[int]:
         return [index for index, layer in enumerate(self.layers) if layer.kind == kind]

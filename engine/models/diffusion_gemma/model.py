@@ -14,7 +14,6 @@ from engine.layers import vocab
 from engine.layers.loading import checkpoint_slots
 from engine.models.diffusion_gemma.attention import attention as layer_attention
 from engine.models.diffusion_gemma.config import GemmaTextConfig, LayerShape
-from engine.models.diffusion_gemma.kv_cache import CanvasKVCache, PagePool
 from engine.models.diffusion_gemma.layers import (
     Experts,
     GatedMLP,
@@ -24,6 +23,7 @@ from engine.models.diffusion_gemma.layers import (
     SelfConditioning,
 )
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePlan, StorePlan, plan_decode, plan_store, split_by_row
+from engine.models.kv_cache import KVCache, PagePool
 from engine.models.options import ModelOptions
 
 
@@ -95,14 +95,14 @@ class DiffusionGemmaTransformer(nn.Module):
         return self.embed_tokens(tokens) * scale
 
     # -- the forward -------------------------------------------------------------------------------
-    def forward_canvas(self, step: CanvasStep, cache: CanvasKVCache) -> torch.Tensor | None:
+    def forward_canvas(self, step: CanvasStep, cache: KVCache) -> torch.Tensor | None:
         """Store the store part's tokens and run the decode part's canvases: logits ``[rows, canvas,
         vocab]`` in float32, soft-capped, or None when no canvas ran. Every row's logits at once: the
         canvas runner reads :meth:`decode_hidden` and runs the head over chunks of rows instead."""
         hidden = self.decode_hidden(step, cache)
         return None if hidden is None else self.logits(hidden)
 
-    def decode_hidden(self, step: CanvasStep, cache: CanvasKVCache, pool: PagePool | None = None
+    def decode_hidden(self, step: CanvasStep, cache: KVCache, pool: PagePool | None = None
                       ) -> torch.Tensor | None:
         """Store the store part's tokens and run the decode part's canvases: their final normed hidden
         states ``[rows, canvas, hidden]``, or None when no canvas ran. The store's pages
@@ -115,7 +115,7 @@ class DiffusionGemmaTransformer(nn.Module):
             return self.compiled.decode_hidden(step, cache, pool)
         return self.eager_hidden(step, cache, pool)
 
-    def eager_hidden(self, step: CanvasStep, cache: CanvasKVCache, pool: PagePool | None = None
+    def eager_hidden(self, step: CanvasStep, cache: KVCache, pool: PagePool | None = None
                      ) -> torch.Tensor | None:
         """:meth:`decode_hidden` as one eager forward of both parts."""
         ring, window = cache.ring, self.config.sliding_window
@@ -129,8 +129,8 @@ class DiffusionGemmaTransformer(nn.Module):
                               pool.layers if pool is not None else None)
 
     def run_plans(self, store_tokens: torch.Tensor | None, store: StorePlan | None, canvas: torch.Tensor | None,
-                  soft: torch.Tensor | None, decode: DecodePlan | None, cache_layers: list[torch.Tensor],
-                  pool_layers: list[torch.Tensor] | None) -> torch.Tensor | None:
+                  soft: torch.Tensor | None, decode: DecodePlan | None, cache_layers: tuple[torch.Tensor, ...],
+                  pool_layers: tuple[torch.Tensor, ...] | None) -> torch.Tensor | None:
         """The layers over planned parts: what :meth:`decode_hidden` returns (``soft`` None: zeros)."""
         pieces, positions = [], []
         if store is not None:

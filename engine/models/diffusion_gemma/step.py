@@ -10,7 +10,7 @@ weights, attention runs per part):
   row's cached context (sliding layers: the context's last ``sliding_window - 1`` positions).
 
 A row may be in both: its store runs first in every layer, so its canvas reads the context just written.
-A store may also fill pages of the prefix cache's pool (``engine.runner.canvas_prefix_cache``): every layer
+A store may also fill pages of the prefix cache's pool (``engine.runner.prefix_cache``): every layer
 writes the keys and values of a prompt's whole pages there as it computes them.
 """
 from __future__ import annotations
