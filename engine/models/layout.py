@@ -25,7 +25,7 @@ Nothing outside this module compares row kinds: it asks a :class:`RowLayout` wha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 DEFAULT_BLOCK_LENGTH = 32  # a full-attention family's block when the config names none (Fast-dLLM's)
 
@@ -33,6 +33,15 @@ DEFAULT_BLOCK_LENGTH = 32  # a full-attention family's block when the config nam
 def blocks_needed(num_tokens: int, block_length: int) -> int:
     """Whole blocks that hold ``num_tokens`` tokens."""
     return -(-num_tokens // block_length)
+
+
+class LayoutSettings(Protocol):
+    """The EngineConfig settings a layout checks (``engine.config.EngineConfig`` has them all)."""
+
+    block_length: int | None
+    cache: str
+    shifted_decoding: str
+    enable_prefix_caching: bool | None
 
 
 RowKind = Literal["bidirectional", "block_causal", "canvas", "anchored"]
@@ -106,6 +115,13 @@ class RowLayout:
         the row ends at the slot's last column."""
         return 0 if self.left_aligned else slot_width - row_width
 
+    def prefix_caching(self, config: LayoutSettings, exact: bool = True) -> bool:
+        """Whether ``config`` caches prompt blocks: its own ``enable_prefix_caching``, else wherever that is exact
+        (this layout caches prefixes, and ``exact``: the family sees no reason against it)."""
+        if config.enable_prefix_caching is not None:
+            return config.enable_prefix_caching
+        return self.caches_prefixes and exact
+
     def part_block_size(self, block_length: int) -> int | None:
         """The ``block_size`` of its step parts (``engine.models.step_inputs``): attention over blocks of
         ``block_length`` when block-causal, else None, bidirectional."""
@@ -148,3 +164,22 @@ class RowLayout:
         if self.block_causal:  # the row is prompt + max_new_tokens rounded up to whole blocks
             return max(max_model_len // block_length * block_length - max_new_tokens, 0)
         return max(max_model_len - blocks_needed(max_new_tokens, block_length) * block_length, 0)
+
+    def refusal(self, config: LayoutSettings) -> str | None:
+        """Why this layout cannot run ``config`` (naming the setting), or None."""
+        if self.fixed_block and config.block_length not in (None, self.trained_block):
+            return (f"EngineConfig.block_length={config.block_length}: {self.family} routes its experts over blocks "
+                    f"of {self.trained_block} positions, which every forward must hold whole: leave block_length "
+                    f"unset (or {self.trained_block})")
+        if config.cache not in self.caches:
+            return (f"EngineConfig.cache: {config.cache!r} is a cache mode of full-attention families; "
+                    f"{self.family} attends block-causally and caches each finished block: leave cache at 'dual'")
+        if self.block_causal and self.logit_shift and config.shifted_decoding != "fast-dllm":
+            return (f"EngineConfig.shifted_decoding: {config.shifted_decoding!r} widens full-attention windows; "
+                    f"{self.family} predicts a block's first position from the stored block before it: leave it "
+                    "at 'fast-dllm'")
+        if config.enable_prefix_caching and not self.caches_prefixes:
+            return (f"EngineConfig.enable_prefix_caching: {self.family} attends over the whole row, so a prompt "
+                    "block's keys and values depend on the canvas after it and cannot be reused by another "
+                    "request; prefix caching is exact for block-causal families only")
+        return None

@@ -49,37 +49,22 @@ def config_for_model(config: EngineConfig, lm) -> EngineConfig:
 def prefix_caching(config: EngineConfig, lm) -> bool:
     """Whether ``config`` caches prompt blocks on ``lm``: its own ``enable_prefix_caching``, else wherever that is
     exact (the layout caches prefixes and the family sees no reason against it under ``config``)."""
-    if config.enable_prefix_caching is not None:
-        return config.enable_prefix_caching
-    return lm.layout.caches_prefixes and _prefix_cache_refusal(config, lm) is None
+    return lm.layout.prefix_caching(config, exact=_prefix_cache_refusal(config, lm) is None)
 
 
 def config_refusal(config: EngineConfig, lm) -> str | None:
     """Why ``lm``'s family and layout cannot run ``config`` (naming the setting), or None."""
     from engine.models.families import family_named, family_settings  # they load torch: imported here
 
-    layout, family = lm.layout, family_named(lm.family)
+    family = family_named(lm.family)
     for name, value in config.family_settings:
         if name not in family.own_settings:
             return (f"EngineConfig.{name}={value!r}: {family.title} has no such setting; it is "
                     f"{family_settings()[name][0]}'s: leave it unset")
-    if layout.fixed_block and config.block_length not in (None, layout.trained_block):
-        return (f"EngineConfig.block_length={config.block_length}: {layout.family} routes its experts over blocks "
-                f"of {layout.trained_block} positions, which every forward must hold whole: leave block_length "
-                f"unset (or {layout.trained_block})")
-    if config.cache not in layout.caches:
-        return (f"EngineConfig.cache: {config.cache!r} is a cache mode of full-attention families; "
-                f"{layout.family} attends block-causally and caches each finished block: leave cache at 'dual'")
-    if layout.block_causal and layout.logit_shift and config.shifted_decoding != "fast-dllm":
-        return (f"EngineConfig.shifted_decoding: {config.shifted_decoding!r} widens full-attention windows; "
-                f"{layout.family} predicts a block's first position from the stored block before it: leave it "
-                "at 'fast-dllm'")
+    if (refusal := lm.layout.refusal(config)) is not None:
+        return refusal
     if config.enable_prefix_caching and (why := _prefix_cache_refusal(config, lm)) is not None:
         return f"EngineConfig.enable_prefix_caching: {why}: leave enable_prefix_caching unset"
-    if config.enable_prefix_caching and not layout.caches_prefixes:
-        return (f"EngineConfig.enable_prefix_caching: {layout.family} attends over the whole row, so a prompt "
-                "block's keys and values depend on the canvas after it and cannot be reused by another "
-                "request; prefix caching is exact for block-causal families only")
     return None
 
 
