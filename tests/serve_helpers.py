@@ -41,6 +41,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def start_serve() -> str:
+    """Start Serve's proxy on a free port, or find the one an earlier module left running (``serve.start``
+    then keeps its port): the proxy's base URL, whichever module runs first."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+
+    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
+    http = _get_global_client().http_config
+    host = "127.0.0.1" if http.host in ("0.0.0.0", "::", "") else http.host
+    return f"http://{host}:{http.port}"
+
+
 def fingerprint(directory: Path) -> list[tuple[str, int, int]]:
     return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir())
 
@@ -88,8 +100,7 @@ def server(ray_cluster, model_dir) -> str:
 
     from actors.serving.serve_app import ServeAppConfig, build_deployment_app
 
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    base = start_serve()
     common = {"model": str(model_dir), "served_model_name": MODEL, "dtype": "float32", "device": "cpu"}
     apps = {"blockserve-main": ("/", ServeAppConfig(**common, engine=ENGINE, max_pending=32)),
             "blockserve-small": ("/small", ServeAppConfig(**common, engine=SMALL_ENGINE, max_pending=2,
@@ -97,9 +108,8 @@ def server(ray_cluster, model_dir) -> str:
     serve.run_many([serve.RunTarget(build_deployment_app(config, ray_actor_options={"num_cpus": 0.5}),
                                     name=name, route_prefix=route)
                     for name, (route, config) in apps.items()])  # both replicas start at once
-    url = f"http://127.0.0.1:{port}"
-    assert httpx.get(f"{url}/health", timeout=10).status_code == 200, "Serve answers on another port"
-    yield url
+    assert httpx.get(f"{base}/health", timeout=10).status_code == 200
+    yield base
     for name in apps:
         serve.delete(name)
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.serve_helpers import free_port
+from tests.serve_helpers import start_serve
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,13 +56,12 @@ def serve_tiny(ray_cluster) -> str:
     from actors.serving.serve_app import build_app
 
     application = yaml.safe_load((REPO_ROOT / "configs" / "serve-tiny.yaml").read_text())["applications"][0]
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    base = start_serve()
     serve.run(build_app(application["args"]), name="readme-tiny", route_prefix="/readme")
-    url = f"http://127.0.0.1:{port}/readme"
+    url = f"{base}/readme"
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
     yield url
-    serve.shutdown()  # the next module's serve.start takes a port of its own
+    serve.delete("readme-tiny")
 
 
 def run_block(code: str) -> str:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.serve_helpers import MODEL, free_port
+from tests.serve_helpers import MODEL, start_serve
 
 APP = "blockserve-metrics"
 ROUTE = "/metrics-test"
@@ -36,18 +36,15 @@ HISTOGRAMS = ("blockserve_request_latency_seconds", "blockserve_time_to_first_bl
 @pytest.fixture(scope="module")
 def two_replicas(ray_cluster, model_dir) -> str:
     from ray import serve
-    from ray.serve.context import _get_global_client
 
     from actors.serving.serve_app import ServeAppConfig, build_deployment_app
 
-    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
-    http = _get_global_client().http_config  # an earlier module may have started Serve on its port
+    base = start_serve()
     config = ServeAppConfig(model=str(model_dir), served_model_name=MODEL, dtype="float32", device="cpu",
                             engine=ENGINE, max_pending=16, torch_threads=1)
     app = build_deployment_app(config, num_replicas=2, ray_actor_options={"num_cpus": 0.5})
     serve.run(app, name=APP, route_prefix=ROUTE)
-    host = "127.0.0.1" if http.host in ("0.0.0.0", "::", "") else http.host
-    url = f"http://{host}:{http.port}{ROUTE}"
+    url = f"{base}{ROUTE}"
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
     yield url
     serve.delete(APP)

@@ -12,7 +12,7 @@ import pytest
 from actors.ray_data.block_serve_actor import BlockServeActor
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from tests.conftest import FIXTURES
-from tests.serve_helpers import free_port
+from tests.serve_helpers import start_serve
 
 MODEL = str(FIXTURES / "tiny-sdar")
 ENGINE = {"max_batch_size": 4, "tensor_parallel_size": 2}
@@ -122,19 +122,17 @@ def test_a_job_whose_actors_have_fewer_gpus_than_ranks_is_refused_by_name(tmp_pa
 
 def test_a_serve_replica_runs_a_split_engine_and_reserves_a_device_per_rank(ray_cluster, expected):
     from ray import serve
-    from ray.serve.context import _get_global_client
 
     from actors.serving.serve_app import ServeAppConfig, build_deployment_app, replica_resources
 
     config = ServeAppConfig(model=MODEL, served_model_name="split", engine=ENGINE, device="cpu")
     assert replica_resources(config) == {"num_cpus": 2}
     assert replica_resources(config.model_copy(update={"device": "cuda"})) == {"num_gpus": 2, "num_cpus": 1}
-    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
-    http = _get_global_client().http_config  # an earlier module may have started Serve on its port
+    base = start_serve()
     serve.run(build_deployment_app(config, ray_actor_options={"num_cpus": 0.5}), name="split", route_prefix="/split")
     try:
         body = {"model": "split", "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "ignore_eos": True}
-        answer = httpx.post(f"http://127.0.0.1:{http.port}/split/v1/completions", json=body, timeout=120).json()
+        answer = httpx.post(f"{base}/split/v1/completions", json=body, timeout=120).json()
     finally:
         serve.delete("split")
     reference = BlockServeEngine.from_pretrained(MODEL, EngineConfig(max_batch_size=4)).lm.tokenizer
