@@ -108,9 +108,10 @@ def test_per_row_sampling_params_take_vllm_names_and_override_the_defaults(actor
                                           {"max_new_tokens": 32, "temperature": 0.0}]})
     output = asyncio.run(actor(batch))
     assert output.column("__inference_error__").to_pylist() == ["", "", ""]
-    # ignore_eos decodes every block up to the cap and finishes with "length" (its text still ends at
-    # the first EOS, so the tiny model's answer may be short)
+    # ignore_eos decodes every block up to the cap, keeps all 64 tokens (EOS included; the text skips
+    # special tokens) and finishes with "length"
     assert output.column("num_blocks").to_pylist() == [2, 1, 1]  # SAMPLING's default cap is one block
+    assert output.column("num_generated_tokens").to_pylist()[0] == 64
     assert output.column("finish_reason").to_pylist()[0] == "length"
 
 

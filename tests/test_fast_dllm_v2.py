@@ -13,7 +13,8 @@ transformers 4.53.3 by ``research/peers/fast_dllm_v2_ref.py`` (the JSON's ``comm
 
 The release's comparison is strict (``> threshold``), so the engine runs ``low_confidence`` with
 ``sub_block_length``. ``generate`` always decodes whole blocks: an answer here is the tokens of its first two blocks
-after the prompt, cut before its first stop.
+after the prompt, cut before its first stop. The release ends an answer after its first stop, so a request that
+ignores stops (``stop_at_eos=False``, vLLM's ``ignore_eos``) is compared through that stop, and holds all its tokens.
 """
 from __future__ import annotations
 
@@ -41,14 +42,18 @@ def settings(threshold: float, sub_block: int, **more) -> EngineConfig:
     return EngineConfig(decoding="low_confidence", threshold=threshold, sub_block_length=sub_block, **more)
 
 
-def two_blocks(lm) -> list[SamplingParams]:
+def two_blocks(lm, stop_at_eos: bool = True) -> list[SamplingParams]:
     """Each answer's first two blocks (the first holds the prompt's tail): a block never sees the ones after it,
     so they are the release's whatever it decodes next."""
-    return [SamplingParams(max_new_tokens=2 * lm.block_length - len(prompt) % lm.block_length) for prompt in PROMPTS]
+    return [SamplingParams(max_new_tokens=2 * lm.block_length - len(prompt) % lm.block_length, stop_at_eos=stop_at_eos)
+            for prompt in PROMPTS]
 
 
 def release_answer(answer: list[int], params: SamplingParams, stop: int) -> list[int]:
-    return (answer[:answer.index(stop)] if stop in answer else answer)[:params.max_new_tokens]
+    """The release's answer as ours begins: up to its stop, or through it when the request ignores stops."""
+    if stop in answer:
+        answer = answer[:answer.index(stop) + (not params.stop_at_eos)]
+    return answer[:params.max_new_tokens]
 
 
 def test_the_release_config_is_read_as_a_qwen2_stack_with_shifted_block_causal_rows(lm):
@@ -61,12 +66,17 @@ def test_the_release_config_is_read_as_a_qwen2_stack_with_shifted_block_causal_r
 
 @pytest.mark.parametrize("setting", REMOTE_CODE["settings"],
                          ids=lambda s: f"threshold{s['threshold']}-sub{s['small_block_size']}")
-def test_batched_tokens_equal_the_releases_generate(lm, setting):
+@pytest.mark.parametrize("stop_at_eos", [True, False], ids=["stops", "ignore_eos"])
+def test_batched_tokens_equal_the_releases_generate(lm, setting, stop_at_eos):
     config = settings(setting["threshold"], setting["small_block_size"], max_batch_size=len(PROMPTS))
-    params = two_blocks(lm)
+    params = two_blocks(lm, stop_at_eos)
     outputs = BlockServeEngine(lm, config).generate(PROMPTS, params)
     expected = [release_answer(answer, p, lm.special_ids.eos_id) for answer, p in zip(setting["answers"], params)]
-    assert [output.token_ids for output in outputs] == expected
+    assert [output.token_ids[:len(answer)] for output, answer in zip(outputs, expected)] == expected
+    if stop_at_eos:
+        assert [output.token_ids for output in outputs] == expected
+    else:
+        assert [len(output.token_ids) for output in outputs] == [p.max_new_tokens for p in params]
 
 
 def test_batched_equals_alone_greedy_and_sampled(lm):

@@ -29,12 +29,14 @@ def test_decoding_stops_at_the_end_of_the_block_that_committed_eos(tiny, heldout
     pytest.fail("no held-out prompt ended with EOS")
 
 
-def test_without_eos_stopping_every_block_is_decoded_and_the_output_is_the_same(tiny, heldout_rows):
+def test_without_eos_stopping_every_block_is_decoded_and_every_token_is_kept(tiny, heldout_rows):
     ids = prompt_ids(tiny, heldout_rows[0]["prompt"])
     stopped = reference_generate(tiny, ids, max_new_tokens=128)
     full = reference_generate(tiny, ids, max_new_tokens=128, stop_at_eos=False)
-    assert full.num_blocks == 4
-    assert full.token_ids == stopped.token_ids
+    assert stopped.finish_reason == "eos"
+    assert (full.num_blocks, len(full.token_ids), full.finish_reason) == (4, 128, "length")
+    assert full.token_ids[:len(stopped.token_ids)] == stopped.token_ids
+    assert full.token_ids[len(stopped.token_ids)] in tiny.special_ids.stop_ids  # the stop token is kept
     assert full.num_steps >= stopped.num_steps
 
 

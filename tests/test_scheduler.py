@@ -4,7 +4,7 @@ request gets the finish reason of what ended it. No model and no torch."""
 from __future__ import annotations
 
 from engine.scheduling.request import RequestStatus
-from tests.factories import EOS, drive, make_requests, make_scheduler, runner_output
+from tests.factories import EOS, STOP_AT, drive, make_requests, make_scheduler, runner_output
 from tests.test_import_boundaries import modules_loaded_by
 
 
@@ -58,7 +58,9 @@ def test_a_leaving_request_is_finished_by_its_stop_token_its_cap_or_an_abort():
     assert [request.status for request in ended] == [RequestStatus.FINISHED_EOS, RequestStatus.FINISHED_LENGTH,
                                                      RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORT]
     assert [request.output_blocks for request in ended] == [1, 2, 2, 1]
-    assert [len(request.output_token_ids) for request in ended] == [1, 8, 1, 4]  # r2's output ends at its EOS
+    # r2 keeps its EOS and every token after it, as vLLM's ignore_eos does
+    assert [len(request.output_token_ids) for request in ended] == [1, 8, 8, 4]
+    assert ended[2].output_token_ids[STOP_AT] == EOS
 
 
 def test_the_scheduling_specs_need_neither_torch_nor_a_model():

@@ -15,7 +15,7 @@ from engine.scheduling.request import TokenLogprob, first_stop
 
 @dataclass(frozen=True)
 class ReferenceResult:
-    token_ids: list[int]  # generated tokens, trimmed at the first stop token
+    token_ids: list[int]  # generated tokens, up to the first stop token when the request honours stops
     finish_reason: str  # "eos" | "length"
     num_blocks: int
     num_steps: int
@@ -53,12 +53,13 @@ def committed_logprobs(logits: torch.Tensor, mask_id: int, candidates: torch.Ten
 
 def finished_result(lm, canvas: torch.Tensor, prompt_length: int, end: int, max_new_tokens: int, stop_at_eos: bool,
                     num_blocks: int, num_steps: int, logprobs_at: dict[int, TokenLogprob] | None) -> ReferenceResult:
-    """The oracle's result: the canvas's answer columns ``[prompt_length, end)`` up to the first stop token
-    and at most ``max_new_tokens`` of them, with the log-probabilities of those tokens when recorded. It
-    finishes with "eos" when a stop token comes within ``max_new_tokens`` and the request honours it."""
+    """The oracle's result: the canvas's answer columns ``[prompt_length, end)``, at most ``max_new_tokens``
+    of them and, when the request honours stops, up to the first stop token, with the log-probabilities of
+    those tokens when recorded. It finishes with "eos" when a stop token it honours comes within
+    ``max_new_tokens``; a request that ignores stops keeps them, as vLLM's ``ignore_eos`` does."""
     answer = canvas[0, prompt_length:end].tolist()
     stop = first_stop(answer, lm.special_ids.stop_ids)
-    token_ids = answer[:stop][:max_new_tokens]
+    token_ids = (answer[:stop] if stop_at_eos else answer)[:max_new_tokens]
     stopped = stop is not None and stop < max_new_tokens and stop_at_eos
     return ReferenceResult(token_ids=token_ids, finish_reason="eos" if stopped else "length",
                            num_blocks=num_blocks, num_steps=num_steps,

@@ -49,7 +49,7 @@ class TokenLogprob:
 class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
-    token_ids: list[int]  # generated, trimmed at the first EOS / end-of-turn, at most max_new_tokens
+    token_ids: list[int]  # generated, at most max_new_tokens: up to its first stop token when it honours stops
     text: str
     finish_reason: str  # "eos" | "length" | "abort" | "error"
     error: str | None
@@ -105,10 +105,10 @@ class Request:
     cached_prefix: int = 0  # prompt columns from 0 whose keys/values came from the prefix cache
     cache_tail: CachedBlock | None = None  # the prefix cache's last block of its row
     grammar: object | None = None  # its structured_outputs compiled (engine.structured.grammars); None: free text
-    output_token_ids: list[int] = field(default_factory=list)  # its own output so far, up to a stop token
+    output_token_ids: list[int] = field(default_factory=list)  # its own output so far (up to a stop it honours)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # theirs, if asked for
     num_steps: int = 0
-    stop_block: int | None = None  # first block in which a stop token was committed
+    stop_block: int | None = None  # first block that committed a stop token it honours (stop_at_eos)
     first_scheduled_time: float | None = None
     finish_time: float | None = None
     abort_requested: bool = False
@@ -146,7 +146,7 @@ class Request:
     @property
     def stopped_at_eos(self) -> bool:
         """A completed block committed a stop token and the request honours it."""
-        return self.stop_block is not None and self.params.stop_at_eos
+        return self.stop_block is not None
 
     @property
     def adds_to_output(self) -> bool:
@@ -172,7 +172,11 @@ class Request:
                        logprobs: list[TokenLogprob] | None = None) -> list[int]:
         """Record its completed block (``stop_index``: its first stop token, if any); return the part
         that joins its own output: up to that stop token and ``max_new_tokens``, nothing past an earlier
-        stop or its block cap. A stop token past ``max_new_tokens`` does not count: the cap came first."""
+        stop or its block cap. A stop token past ``max_new_tokens`` does not count: the cap came first.
+        A request that ignores stops (``stop_at_eos=False``, vLLM's ``ignore_eos``) keeps every token,
+        stop tokens included, up to ``max_new_tokens``."""
+        if not self.params.stop_at_eos:
+            stop_index = None
         room = self.params.max_new_tokens - len(self.output_token_ids)
         adds = self.stop_block is None and self.block_index < self.cap_blocks
         added = token_ids[:stop_index][:room] if adds else []

@@ -178,6 +178,6 @@ class Scheduler:
     def _final_status(request: Request) -> RequestStatus:
         if request.abort_requested:
             return RequestStatus.FINISHED_ABORT
-        if request.stopped_at_eos and request.stop_block < request.cap_blocks:  # ignore_eos: "length"
+        if request.stopped_at_eos and request.stop_block < request.cap_blocks:  # a stop past its cap: "length"
             return RequestStatus.FINISHED_EOS
         return RequestStatus.FINISHED_LENGTH
