@@ -106,6 +106,12 @@ class RowLayout:
         return self.block_causal
 
     @property
+    def ends_blocks_at_stops(self) -> bool:
+        """A block whose answer holds a stop token with no mask before it ends there, for a request that honours
+        stops: block-causal rows decode no later block once they stop, so the masks after it reach no answer."""
+        return self.block_causal
+
+    @property
     def carries_cache_when_moved(self) -> bool:
         """A row moved to another slot takes its keys and values along; else its next forward rewrites them."""
         return self.stores_finished_blocks

@@ -10,6 +10,10 @@ It follows the structure of SDAR's own loop (``block_diffusion_generate``), not 
         when the rule makes the block final: one more forward of the block writes its final keys/values
         stop after this block if its answer tokens hold a stop token (unless stop_at_eos is False)
 
+A block is always decoded whole here, so the tokens check the engine's, which ends a block once a stop token has
+no mask before it (``BlockRule.read_block``). A rule that never rewrites a token keeps that answer to the end of
+the block, and the block's steps count up to that step, as the engine's do.
+
 With ``cache="none"`` every step is a forward of the whole canvas up to the block's end instead
 (LLaDA2's ``generate``). The engine fuses the prefill with the first block's first step and a finished
 block's store with the next block's first step; both orders compute the same numbers up to float
@@ -61,18 +65,22 @@ def block_causal_generate(
                      row_bias(logit_bias, lm.vocab_size, device) if logit_bias else None,
                      params or SamplingParams())
     total_steps, blocks_run = 0, 0
+    stop_ids = lm.special_ids.stop_ids if stop_at_eos and rule.commits_once else None
     logprobs_at: dict[int, TokenLogprob] = {}  # output position -> at its commit step
     for block in range(num_blocks):
         start, end = first + block * block_length, first + (block + 1) * block_length
-        step, final, state = 0, False, rule.new_row_state()
+        step, final, state, stop_step = 0, False, rule.new_row_state(), None
         while not final:
             logits = lm.model.logits(forward.step(start, end))
             final = denoise_step(lm, rule, canvas, (start, end), logits, step, block * block_length, draws, logprobs,
                                  logprobs_at, logprob_offset=block * block_length - lead, state=state,
                                  lead=lead if block == 0 else 0)
             step += 1
+            answer = canvas[0, max(start, prompt_length):end].tolist()
+            if stop_step is None and stop_ids is not None and rule.ends_at_stop(answer, stop_ids):
+                stop_step = step  # the answer is whole up to its stop token: the engine's block ends here
         forward.store(start, end)
-        total_steps += step
+        total_steps += stop_step or step
         blocks_run += 1
         if stop_at_eos and block_stops(lm, canvas, max(start, prompt_length), end):
             break

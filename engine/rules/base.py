@@ -7,13 +7,14 @@ whether the block is final. The runner calls it in this order, once per step::
 
     host:    rule.logit_offsets(block, lead) for each row    -> the positions whose logits run
     device:  proposals (candidates, confidences) -> BlockView -> rule.step(view) -> BlockUpdate
-    host:    one copy of rule.host_columns(update)            -> rule.read_row(...), rule.after_step(...)
+    host:    one copy of rule.host_columns(update)            -> rule.read_block(...), rule.after_step(...)
 
 The runner never compares tokens with the mask id: what is "done" is the rule's ``final``.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -190,6 +191,7 @@ class BlockRule(DecodingRule):
     mask_id: int | None  # the model's MASK (set by from_config; selecting commits does not need it)
     reads_unmasked: ClassVar[bool] = False  # it reads logits at positions that are not masks (BlockView.computed)
     reads_logits: ClassVar[bool] = False  # it reads the logits themselves, not only the proposals (BlockView.logits)
+    commits_once: ClassVar[bool] = False  # a written token is never rewritten (no edits): see read_block
 
     @property
     def measure(self) -> str:
@@ -223,6 +225,16 @@ class BlockRule(DecodingRule):
     def read_row(self, values: list[int]) -> RowStep:
         """A row's part of the host copy: a mask-only rule's block is final once it holds no mask."""
         return RowStep(values, self.mask_id not in values)
+
+    def read_block(self, values: list[int], lead: int, stop_ids: Sequence[int] | None) -> RowStep:
+        """:meth:`read_row`, given the request's stop ids where a stop ends its answer (None: it ignores stops,
+        or its layout decodes every block whole). A rule that never rewrites a token also makes the block final
+        once its answer, after the ``lead`` prompt tokens, holds a stop token with no mask before it: the answer
+        is whole, and the masks after the stop would change nothing in it."""
+        row = self.read_row(values)
+        if row.final or stop_ids is None or not self.commits_once or not self.ends_at_stop(values[lead:], stop_ids):
+            return row
+        return dataclasses.replace(row, final=True)
 
     def ends_at_stop(self, block: Sequence[int], stop_ids: Sequence[int]) -> bool:
         """Whether ``block`` holds a stop token with no mask before it: a family whose loop ends a block

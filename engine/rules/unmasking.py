@@ -11,7 +11,8 @@ adds what they all do around that choice:
   (Dream's own sampler has no such step, so ``dream`` needs the "lookback" windows there).
 * The last allowed step (``steps_per_block``, or ``block_length`` at most) commits whatever is still
   masked, each with its best non-MASK token.
-* The block is final once it holds no mask.
+* The block is final once it holds no mask, or, for a request that stops at a stop token on a layout that ends
+  a block there, once a stop token has no mask before it (``BlockRule.read_block``).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class UnmaskingRule(BlockRule):
     first_step_first_position: bool = False
     mask_id: int | None = None
     settings: ClassVar[tuple[str, ...]] = ("steps_per_block",)
+    commits_once: ClassVar[bool] = True
 
     @classmethod
     def settings_problems(cls, config: Any) -> list[tuple[str, str]]:

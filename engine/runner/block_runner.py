@@ -31,6 +31,8 @@ class BlockRunner:
         self.lm = lm
         self.sampler = Sampler(lm.special_ids.mask_id, rule.measure)
         self.rule = rule
+        # the ids whose commit ends a block, for rows that honour stops (None: every block is decoded whole)
+        self.stop_ids = lm.special_ids.stop_ids if lm.layout.ends_blocks_at_stops else None
         self.row_states: dict[str, RowState] = {}  # request id -> its rule state, as the last step left it
         self.batch = PersistentBatch(lm, config.max_batch_size, max_row_width, config.block_length, config.cache,
                                      window_lookback=window_lookback(config, lm.logit_shift))
@@ -106,7 +108,7 @@ class BlockRunner:
         self.constrained.settle(inputs, host)
         results = {}
         for request, values, lead in zip(inputs.rows, host, inputs.leads):
-            row = self.rule.read_row(values)
+            row = self.rule.read_block(values, lead, self.stop_ids if request.params.stop_at_eos else None)
             self.rule.after_step(self.row_states[request.request_id], row, lead)
             results[request.request_id] = self._row_result(row, lead)
         if inputs.logprobs is not None:
