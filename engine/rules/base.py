@@ -13,8 +13,8 @@ The runner never compares tokens with the mask id: what is "done" is the rule's 
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
