@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from engine.rules import DEFAULT_THRESHOLD
-from engine.rules.spans import PlansSpans
+from engine.rules.spans import PlansSpans, SpanPlan, SpanReading
 
 
 @dataclass(frozen=True)
@@ -158,12 +158,42 @@ class RowState:
     offsets: list[int] | None = None  # offsets of its active block that need logits (None: untouched)
 
 
+@dataclass
+class CanvasRowState:
+    """A canvas row's own draws and where its canvas stands, kept on the host by the span runner."""
+
+    generator: torch.Generator  # every draw of the row, seeded by its request
+    drawn: bool = False  # its slot holds a canvas being denoised (False: its next step draws one)
+    conditioned: bool = False  # its canvas has self-conditioning from a previous step
+
+
 class CanvasRule(DecodingRule):
     """A rule that denoises a row's whole canvas each step from every position's logits, drawing from the
-    row's own generator (DiffusionGemma's sampler); the canvas runner asks it for each of these."""
+    row's own generator (DiffusionGemma's sampler). It plans each row's step as spans (a store of its pending
+    context, then its canvas) and reads the step back; the span runner asks it for each of these."""
 
     max_denoising_steps: int  # the steps a canvas may take; the request counts those taken (step_in_block)
     row_kinds: ClassVar[tuple[str, ...]] = ("canvas",)
+
+    def new_canvas_row(self, seed: int, device: torch.device) -> CanvasRowState:
+        """The state of a row that has just been admitted: its generator seeded by its request."""
+        return CanvasRowState(torch.Generator(device=device).manual_seed(seed))
+
+    def plan_canvas(self, pending: Sequence[int], state: CanvasRowState) -> SpanPlan:
+        """A row's step: its pending context stored causally (if any), a new canvas drawn where none is being
+        denoised, then the canvas denoised bidirectionally over the cached context."""
+        return SpanPlan("canvas", False, (), stores=bool(pending), draws=not state.drawn)
+
+    def read_canvas(self, plan: SpanPlan, state: CanvasRowState, stored: Sequence[int], values: Sequence[int]
+                    ) -> SpanReading:
+        """What the row does after the step (``values``: its argmax canvas, then whether the canvas completes).
+        A completed canvas is reported and stored before the next one, which a later step draws."""
+        state.drawn, state.conditioned = not values[-1], True
+        kept = len(stored) if plan.stores else 0
+        if not values[-1]:
+            return SpanReading(kept=kept)
+        tokens = list(values[:-1])
+        return SpanReading(kept=kept, emitted=tokens, pending=tokens)
 
     def initial_canvas(self, generator: torch.Generator, length: int, vocab_size: int,
                        device: torch.device) -> torch.Tensor:

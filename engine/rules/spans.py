@@ -1,12 +1,14 @@
-"""How a rule plans an anchored row's step, and reads it back.
+"""How a rule plans a span row's step, and reads it back.
 
-An anchored row (Nemotron-Labs-Diffusion's layout) runs one span a step after its stored context: a
-**store** of its pending tokens, a **denoise** or **draft** of its active block, or a causal **verify** of a
-whole draft. The row's rule decides which (:meth:`PlansSpans.plan_span`), and from the step's tokens what the
-row keeps, emits and does next (:meth:`PlansSpans.read_span`). The runner only carries the plan out, so
-the decoding modes differ in their rules alone. The default here is the dLM mode of every block rule:
-store causally (``causal_context``), seed the next block with the context's next token, denoise the block
-with the rule's step until it is final or ends at a stop token.
+A row runs its spans after its stored context. An anchored row (Nemotron-Labs-Diffusion's layout) runs one
+span a step: a **store** of its pending tokens, a **denoise** or **draft** of its active block, or a causal
+**verify** of a whole draft. Its rule decides which (:meth:`PlansSpans.plan_span`), and from the step's tokens
+what the row keeps, emits and does next (:meth:`PlansSpans.read_span`). A canvas row (DiffusionGemma's) runs a
+**canvas** span a step, after a store of its pending context in the same forward where it has one; its rule
+plans and reads both (``engine.rules.base.CanvasRule``). The span runner only carries the plan out, so the
+decoding modes differ in their rules alone. The default here is the dLM mode of every block rule: store
+causally (``causal_context``), seed the next block with the context's next token, denoise the block with the
+rule's step until it is final or ends at a stop token.
 """
 from __future__ import annotations
 
@@ -16,9 +18,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SpanPlan:
-    kind: str  # "store" | "denoise" | "draft" | "verify"
+    """One row's work in one step: its span, and for a canvas row the store and the new canvas before it."""
+
+    kind: str  # "store" | "denoise" | "draft" | "verify" | "canvas"
     causal: bool  # attended causally (its keys and values kept) or bidirectionally within the span
     logit_offsets: tuple[int, ...]  # offsets of the span whose logits the step reads
+    # (a canvas reads none: the step returns its hidden states at every position, for its rule's head)
+    stores: bool = False  # a canvas span: the row's pending tokens are stored causally first, in the same forward
+    draws: bool = False  # a canvas span: a new canvas is drawn from the row's generator before the step
 
 
 @dataclass(frozen=True)
