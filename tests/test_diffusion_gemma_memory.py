@@ -18,7 +18,7 @@ from engine.models.diffusion_gemma.config import gemma_text_config
 from engine.models.diffusion_gemma.model import DiffusionGemmaTransformer
 from engine.models.families import diffusion_gemma
 from engine.models.loader import DiffusionLM, load_model
-from engine.runner import canvas_runner, memory
+from engine.runner import canvas_rows, memory
 from engine.scheduling.model_fit import config_for_model
 from pipeline.config import load_config
 
@@ -62,7 +62,7 @@ def generate(lm, rows: int, chunk_rows: int | None = None) -> tuple[list[list[in
     canvas = lm.model.config.canvas_length
     with pytest.MonkeyPatch.context() as patch:
         if chunk_rows is not None:
-            patch.setattr(canvas_runner, "VOCAB_CHUNK_ELEMENTS", chunk_rows * canvas * lm.vocab_size)
+            patch.setattr(canvas_rows, "VOCAB_CHUNK_ELEMENTS", chunk_rows * canvas * lm.vocab_size)
         engine = BlockServeEngine(lm, EngineConfig(max_batch_size=rows, **SETTINGS))
     params = [SamplingParams(max_new_tokens=16, seed=seed) for seed in range(rows)]
     with LargestLogits(canvas, lm.vocab_size) as largest:
@@ -81,7 +81,7 @@ def test_a_steps_logits_stay_one_chunk_from_2_to_8_rows_and_the_tokens_are_uncha
 
 def test_the_memory_model_prices_one_chunk_of_logits(lm, monkeypatch):
     canvas = lm.model.config.canvas_length
-    monkeypatch.setattr(canvas_runner, "VOCAB_CHUNK_ELEMENTS", 2 * canvas * lm.vocab_size)
+    monkeypatch.setattr(canvas_rows, "VOCAB_CHUNK_ELEMENTS", 2 * canvas * lm.vocab_size)
     model = memory.memory_model(lm, config_for_model(EngineConfig(max_batch_size=8), lm))
     assert model.logit_rows == BlockServeEngine(lm, EngineConfig(max_batch_size=8)).runner.rows_per_chunk == 2
     assert model.step_bytes(0, 1) == model.logit_bytes_per_row

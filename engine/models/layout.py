@@ -8,10 +8,10 @@ A family's layout is one of two kinds:
 * **Canvas** (DiffusionGemma): a causal encoder writes the context once (prompt, then each committed
   canvas); the answer's canvas starts from random tokens and attends to itself and to that context. A
   row sits left-aligned, its answer starts right after the prompt, and it decodes with the rule its
-  family names (``RowLayout.own_rule``) on its own runner (``engine.runner.canvas_runner``).
+  family names (``RowLayout.own_rule``) on the span runner (``engine.runner.span_runner``).
 * **Anchored** (Nemotron-Labs-Diffusion): a causal context (the prompt, then each finished block) is stored
   once; the active block starts right after it, seeded by the context's next token, and is denoised
-  bidirectionally over it. A row sits left-aligned and runs on its own runner (``engine.runner.anchored_runner``),
+  bidirectionally over it. A row sits left-aligned and runs on the span runner (``engine.runner.span_runner``),
   which also runs it autoregressively or by linear speculation.
 * **Block-causal** (SDAR, LLaDA2, Fast-dLLM v2): a position attends to its own block and every block before
   it, over blocks of the size the model was trained with, counted from the prompt's first token. A row sits
@@ -76,18 +76,18 @@ class RowLayout:
 
     @property
     def decodes_canvases(self) -> bool:
-        """Canvases of random tokens denoised by the entropy-bound rule, on the canvas runner."""
+        """Canvases of random tokens denoised by the entropy-bound rule, on the span runner."""
         return self.row_kind == "canvas"
 
     @property
     def anchored(self) -> bool:
-        """Blocks anchored after a causal context, on the anchored runner."""
+        """Blocks anchored after a causal context, on the span runner."""
         return self.row_kind == "anchored"
 
     @property
     def runner(self) -> str:
         """The runner its rows step on (``engine.runner.interface.runner_class``)."""
-        return "canvas" if self.decodes_canvases else "anchored" if self.anchored else "blocks"
+        return "spans" if self.decodes_canvases or self.anchored else "blocks"
 
     @property
     def caches_prefixes(self) -> bool:

@@ -1,7 +1,7 @@
 """``autoregressive``: one token per causal forward, the context's next token.
 
-This is Nemotron-Labs-Diffusion's ``ar_generate``. Its rows run on the anchored runner
-(``engine.runner.anchored_runner``): each step stores the row's last token causally and draws the next from
+This is Nemotron-Labs-Diffusion's ``ar_generate``. Its rows run on the span runner
+(``engine.runner.anchored_rows``): each step stores the row's last token causally and draws the next from
 that one position's logits (``engine.runner.sampler``), as its span plan says. The scheduler's
 blocks are single tokens.
 """

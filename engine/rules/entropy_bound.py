@@ -58,7 +58,7 @@ CANVAS_SETTING_RULES = {  # transformers' names
 
 @dataclass(frozen=True)
 class EntropyBound(CanvasRule):
-    """DiffusionGemma's sampler; its runner is ``engine.runner.canvas_runner``."""
+    """DiffusionGemma's sampler; its rows run on the span runner (``engine.runner.canvas_rows``)."""
 
     max_denoising_steps: int
     entropy_bound: float
@@ -87,7 +87,7 @@ class EntropyBound(CanvasRule):
     def request_problem(self, params: Any) -> str | None:
         """What transformers' ``generate`` does not define for this sampler: a request temperature (the
         sampler follows its own schedule) and top-k / top-p (its generation config has no such fields). A
-        request's ``logit_bias`` and ``logprobs`` are offered (``engine.runner.canvas_runner``)."""
+        request's ``logit_bias`` and ``logprobs`` are offered (``engine.runner.canvas_rows``)."""
         if params.temperature != 0.0:
             return ("temperature is not offered for diffusion_gemma: its canvas sampler follows its own "
                     "temperature schedule, from t_max at a canvas's first denoising step to t_min at its last; "

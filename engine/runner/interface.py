@@ -1,9 +1,9 @@
 """What the engine asks of a runner, and the runners a layout may name (``RowLayout.runner``).
 
 A runner owns the device state of its rows and runs one step of them: the block runner
-(``engine.runner.block_runner``) decodes blocks with a block rule, the canvas runner
-(``engine.runner.canvas_runner``) denoises DiffusionGemma's canvases with its family's own rule. Both take the
-scheduler's decisions and return results keyed by request id; neither decides who runs.
+(``engine.runner.block_runner``) decodes blocks with a block rule, the span runner (``engine.runner.span_runner``)
+runs each row's spans as its rule plans them (Nemotron-Labs-Diffusion's anchored rows, DiffusionGemma's
+canvases). Both take the scheduler's decisions and return results keyed by request id; neither decides who runs.
 """
 from __future__ import annotations
 
@@ -37,12 +37,11 @@ class Runner(Protocol):
 
 
 def runner_class(name: str) -> type[Runner]:
-    """The runner a layout names: "blocks", "canvas" or "anchored"."""
-    from engine.runner.anchored_runner import AnchoredRunner
+    """The runner a layout names: "blocks" or "spans"."""
     from engine.runner.block_runner import BlockRunner
-    from engine.runner.canvas_runner import CanvasRunner
+    from engine.runner.span_runner import SpanRunner
 
-    runners: dict[str, type[Runner]] = {"blocks": BlockRunner, "canvas": CanvasRunner, "anchored": AnchoredRunner}
+    runners: dict[str, type[Runner]] = {"blocks": BlockRunner, "spans": SpanRunner}
     if name not in runners:
         raise ValueError(f"unknown runner {name!r}; known: {sorted(runners)}")
     return runners[name]

@@ -25,7 +25,7 @@ from engine.models.loader import DiffusionLM
 from engine.models.part_attention import part_attention
 from engine.rules import rule_class
 from engine.rules.proposals import NOISE_CHUNK_ELEMENTS
-from engine.runner.canvas_runner import rows_per_chunk
+from engine.runner.canvas_rows import rows_per_chunk
 from engine.runner.prefix_cache import PAGE_LENGTH, pool_pages
 from engine.scheduling.model_fit import block_length_for, prefix_caching
 
@@ -63,7 +63,7 @@ def cache_bytes(lm: DiffusionLM, config: EngineConfig, spec: CacheSpec, page_len
 
 def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
     """DiffusionGemma: sliding layers keep a ring of ``sliding_window - 1`` columns, global layers every
-    column; a step holds one chunk of rows' canvas logits at a time (``canvas_runner.rows_per_chunk``), and
+    column; a step holds one chunk of rows' canvas logits at a time (``canvas_rows.rows_per_chunk``), and
     its self-conditioning state persists per slot. The prefix cache's pages keep every layer's columns."""
     model_config, dtype = lm.model.config, lm.dtype
     slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
@@ -84,8 +84,8 @@ def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
 
 
 def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
-    """The memory model of the runner ``lm``'s rows step on (``RowLayout.runner``)."""
-    return MEMORY_MODELS[lm.layout.runner](lm, config)
+    """The memory model of ``lm``'s rows (by ``RowLayout.row_kind``: what its runner keeps of them)."""
+    return MEMORY_MODELS[lm.layout.row_kind](lm, config)
 
 
 def block_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
@@ -115,7 +115,7 @@ def block_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
 
 
 def anchored_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
-    """The anchored runner: every layer's keys and values for each slot's columns; a step holds its spans'
+    """Anchored rows on the span runner: every layer's keys and values for each slot's columns; a step holds its spans'
     activations, their attention box and the float32 logits of the positions its rows read (a block each)."""
     model_config, dtype = lm.model.config, lm.dtype
     width = config.resolved_max_model_len(lm.max_length)
@@ -129,8 +129,8 @@ def anchored_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
         logit_bytes_per_row=(element + 8) * block_length_for(config, lm) * model_config.vocab_size)
 
 
-MEMORY_MODELS = {"blocks": block_memory_model, "canvas": canvas_memory_model,
-                 "anchored": anchored_memory_model}  # by RowLayout.runner
+MEMORY_MODELS = {"bidirectional": block_memory_model, "block_causal": block_memory_model,
+                 "canvas": canvas_memory_model, "anchored": anchored_memory_model}  # by RowLayout.row_kind
 
 
 def gib(num_bytes: int) -> str:

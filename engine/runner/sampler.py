@@ -13,7 +13,7 @@ Every runner turns a step's logits into tokens through a :class:`Sampler`, in th
    each position's candidate from every rank's best token without joining the logits
    (``engine.parallel.candidates``).
 
-A block runner's and an anchored runner's denoising step propose with confidences (:meth:`Sampler.propose`); an
+A block row's and an anchored row's denoising step propose with confidences (:meth:`Sampler.propose`); an
 anchored store's or verify's next tokens need no confidence (:meth:`Sampler.greedy_tokens`,
 :meth:`Sampler.sampled_tokens`). DiffusionGemma's canvas draws with its rule's own per-row generators, as
 transformers' seeded ``generate`` does, and takes only bias and log-probabilities from here (``mask_id`` None:

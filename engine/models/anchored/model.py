@@ -16,7 +16,7 @@ from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
 from engine.layers.loading import checkpoint_slots
 from engine.models.anchored.config import AnchoredConfig
 from engine.models.anchored.spans import SpanPlan, SpanStep, plan_spans, split_by_row
-from engine.models.kv_cache import KVCache
+from engine.models.kv_cache import KVCache, PagePool
 from engine.models.layers import RMSNorm, attend, rotate_
 from engine.models.options import ModelOptions
 
@@ -145,6 +145,11 @@ class AnchoredTransformer(nn.Module):
         return self.embed_tokens.weight.dtype
 
     # -- the forward -------------------------------------------------------------------------------
+    def run_spans(self, step: SpanStep, cache: KVCache, pool: PagePool | None) -> torch.Tensor:
+        """The span runner's entry point: :meth:`span_logits`. ``pool`` is None: the prefix cache copies a
+        stored prompt's pages from its slot after the step (``PrefixCache.fill``)."""
+        return self.span_logits(step, cache)
+
     def span_logits(self, step: SpanStep, cache: KVCache) -> torch.Tensor:
         """Run every row's span, writing its keys and values; float32 logits at ``step.logit_index``,
         ``[positions, vocab]``. Batch-invariant mode runs each row alone, its head too."""

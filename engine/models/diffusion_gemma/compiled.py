@@ -14,7 +14,7 @@ Each bucket's inputs live in buffers that every step refills in place, and the K
 so on CUDA each graph is a captured CUDA graph (``triton.cudagraphs``). A prompt's store, of any length
 and filling the prefix cache's pages, runs eagerly: it comes once per request. The head, the seeded
 sampler and the self-conditioning run beside the graphs, over chunks of rows
-(``engine.runner.canvas_runner``), with the step's one host read at the end.
+(``engine.runner.canvas_rows``), with the step's one host read at the end.
 
 A bucket whose compilation fails runs eagerly from then on, with one warning naming the cause.
 """
