@@ -48,8 +48,8 @@ class AnchoredRows:
         """Every whole page but the prompt's last token's: a store of at least one token seeds the first block."""
         return (prompt_length - 1) // PAGE_LENGTH
 
-    def new_state(self, request: Request) -> None:
-        return None
+    def admit(self, request: Request, row: SpanRow) -> None:
+        """An anchored row keeps nothing more: its rule keeps no state, its bias is built per step."""
 
     def claim_prompts(self, prefix_cache: PrefixCache, admitted: list[Request], rows: list[SpanRow]) -> None:
         """The pages are copied from the rows' slots after the step (``PrefixCache.fill``)."""

@@ -27,7 +27,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, StorePart
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
-from engine.rules.base import CanvasRowState, CanvasRule
+from engine.rules.base import CanvasRule
 from engine.rules.spans import SpanPlan
 from engine.runner.logit_processors import RowBias, dense_bias
 from engine.runner.prefix_cache import PAGE_LENGTH, PrefixCache
@@ -80,8 +80,11 @@ class CanvasRows:
     def reusable_pages(self, prompt_length: int) -> int:
         return prompt_length // PAGE_LENGTH
 
-    def new_state(self, request: Request) -> CanvasRowState:
-        return self.rule.new_canvas_row(request.seed, self.lm.device)
+    def admit(self, request: Request, row: SpanRow) -> None:
+        """Its rule's state (the generator seeded by the request) and its request's dense logit bias."""
+        row.state = self.rule.new_canvas_row(request.seed, self.lm.device)
+        if request.params.logit_bias:
+            row.bias = dense_bias([request.params.logit_bias], self.lm.vocab_size, torch.float32, self.lm.device)[0]
 
     def claim_prompts(self, prefix_cache: PrefixCache, admitted: list[Request], rows: list[SpanRow]) -> None:
         """The pages are filled by the rows' stores, in the forward (``StorePart.pages``)."""
@@ -176,13 +179,11 @@ class CanvasRows:
         return torch.cat([result.argmax, complete[:, None]], dim=1), logprobs
 
     def _bias(self, spans: list[Span]) -> RowBias | None:
-        """The logit bias of a chunk's rows that have one, in float32 (None: no row has)."""
-        biased = [index for index, span in enumerate(spans) if span.request.params.logit_bias]
+        """The logit bias of a chunk's rows that have one (None: no row has)."""
+        biased = [index for index, span in enumerate(spans) if span.row.bias is not None]
         if not biased:
             return None
-        values = dense_bias([spans[index].request.params.logit_bias for index in biased], self.lm.vocab_size,
-                            torch.float32, self.lm.device)
-        return RowBias(torch.tensor(biased, device=self.lm.device), values)
+        return RowBias(torch.tensor(biased, device=self.lm.device), torch.stack([spans[i].row.bias for i in biased]))
 
     def _canvas_logprobs(self, logits: torch.Tensor, steps_left: torch.Tensor, asking: list[int], first: int,
                          num_top: int) -> CanvasLogprobs:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import torch
+
 from engine.models.kv_cache import KVCache
 from engine.rules.base import CanvasRowState, DecodingRule
 from engine.rules.spans import SpanPlan
@@ -32,6 +34,7 @@ class SpanRow:
     block_draws: int = 0  # denoising and drafting steps it has taken: the noise step of its block draws
     generated: int = 0  # tokens it has reported
     state: CanvasRowState | None = None  # its rule's own state (a canvas rule's), None where the rule keeps none
+    bias: torch.Tensor | None = None  # [vocab] float32: a canvas row's logit bias, built once when it joins
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,8 @@ class SpanRows(Protocol):
     def reusable_pages(self, prompt_length: int) -> int:
         """The most prompt pages a joining row may take from the prefix cache."""
 
-    def new_state(self, request: Request) -> CanvasRowState | None:
-        """The rule's own state of a row that has just been admitted."""
+    def admit(self, request: Request, row: SpanRow) -> None:
+        """What the row kind keeps of a joining row beyond the runner's: its rule's state, a dense bias."""
 
     def claim_prompts(self, prefix_cache: PrefixCache, admitted: list[Request], rows: list[SpanRow]) -> None:
         """Claim the joining rows' whole prompt pages for the prefix cache to keep."""

@@ -79,9 +79,10 @@ class SpanRunner:
             slot = self.slots.take(request.request_id)
             cached = (self.prefix_cache.reuse(request, slot, self.kind.reusable_pages(request.prompt_length))
                       if self.prefix_cache is not None else 0)
-            self.rows[request.request_id] = SpanRow(slot, request.params.max_new_tokens, context=cached,
-                                                    pending=list(request.prompt_token_ids[cached:]),
-                                                    state=self.kind.new_state(request))
+            row = SpanRow(slot, request.params.max_new_tokens, pending=list(request.prompt_token_ids[cached:]),
+                          context=cached)
+            self.kind.admit(request, row)
+            self.rows[request.request_id] = row
         if self.prefix_cache is not None and admitted:
             rows = [self.rows[request.request_id] for request in admitted]
             self.kind.claim_prompts(self.prefix_cache, admitted, rows)
