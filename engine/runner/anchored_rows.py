@@ -43,6 +43,7 @@ class AnchoredRows:
         self.mask_id, self.stop_ids = lm.special_ids.mask_id, lm.special_ids.stop_ids
         self.cache = KVCache(self.model.config.cache_spec(max_row_width + 1), config.max_batch_size, lm.dtype,
                              lm.device)
+        self.rows_per_chunk = None  # a step's logits are its rows' offsets, a block each at most
 
     def reusable_pages(self, prompt_length: int) -> int:
         """Every whole page but the prompt's last token's: a store of at least one token seeds the first block."""

@@ -64,6 +64,7 @@ class SpanRows(Protocol):
 
     cache: KVCache
     rule: DecodingRule  # the rule that plans its rows' spans and reads them back
+    rows_per_chunk: int | None  # rows whose vocabulary-sized temporaries a step holds at once (None: every row's)
 
     def reusable_pages(self, prompt_length: int) -> int:
         """The most prompt pages a joining row may take from the prefix cache."""

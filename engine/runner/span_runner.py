@@ -32,8 +32,9 @@ from engine.scheduling.request import Request
 
 
 class SpanRunner:
+    """Runs the span rows of one model: slots, admission and prefix pages here, the rest its row kind's."""
+
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule):
-        self.lm = lm
         kind = CanvasRows if lm.layout.decodes_canvases else AnchoredRows
         self.kind: SpanRows = kind(lm, config, max_row_width, rule)
         self.cache = self.kind.cache  # every layer's keys and values of every slot, as the row kind's model needs
@@ -53,8 +54,8 @@ class SpanRunner:
 
     @property
     def rows_per_chunk(self) -> int | None:
-        """Canvas rows whose vocabulary-sized temporaries a step holds at once (None: anchored rows)."""
-        return getattr(self.kind, "rows_per_chunk", None)
+        """Rows whose vocabulary-sized temporaries a step holds at once (None: every row's)."""
+        return self.kind.rows_per_chunk
 
     @torch.no_grad()
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
