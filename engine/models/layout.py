@@ -90,6 +90,11 @@ class RowLayout:
         return "spans" if self.decodes_canvases or self.anchored else "blocks"
 
     @property
+    def memory_model(self) -> str:
+        """The memory model that prices its rows (``engine.runner.memory``): "blocks", "canvas" or "anchored"."""
+        return "canvas" if self.decodes_canvases else "anchored" if self.anchored else "blocks"
+
+    @property
     def caches_prefixes(self) -> bool:
         """A prompt's keys and values up to a position are exact for any request sharing those tokens (prefix
         caching): its blocks attend causally to what came before, or a canvas or anchored model stores it causally."""

@@ -84,8 +84,8 @@ def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
 
 
 def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
-    """The memory model of ``lm``'s rows (by ``RowLayout.row_kind``: what its runner keeps of them)."""
-    return MEMORY_MODELS[lm.layout.row_kind](lm, config)
+    """The memory model of ``lm``'s rows (``RowLayout.memory_model``: what its runner keeps of them)."""
+    return MEMORY_MODELS[lm.layout.memory_model](lm, config)
 
 
 def block_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
@@ -129,8 +129,8 @@ def anchored_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
         logit_bytes_per_row=(element + 8) * block_length_for(config, lm) * model_config.vocab_size)
 
 
-MEMORY_MODELS = {"bidirectional": block_memory_model, "block_causal": block_memory_model,
-                 "canvas": canvas_memory_model, "anchored": anchored_memory_model}  # by RowLayout.row_kind
+MEMORY_MODELS = {"blocks": block_memory_model, "canvas": canvas_memory_model,
+                 "anchored": anchored_memory_model}  # by RowLayout.memory_model
 
 
 def gib(num_bytes: int) -> str:
