@@ -39,9 +39,12 @@ def owned_setting(config: Any, name: str, engine_default: bool) -> Any:
     request's rule setting: None, the engine's)."""
     if name.startswith("__") or name in GATHERED:
         raise AttributeError(name)
-    rules, families = _owners(config)
+    from engine.rules import owned_settings
+
+    rules = owned_settings()  # a request's rule settings are read at every step: the families are asked only after
     if name in rules:
         return dict(config.rule_settings).get(name, rules[name][1].default if engine_default else None)
+    families = _owners(config)[1]
     if name in families:
         return dict(config.family_settings).get(name, families[name][1].default)
     raise AttributeError(f"{type(config).__name__} has no field or owned setting {name!r}")
@@ -83,5 +86,5 @@ def _owners(config: Any) -> tuple[dict[str, tuple[str, Any]], dict[str, tuple[st
     from engine.models.families import family_settings  # loads the family modules (and torch)
     from engine.rules import owned_settings  # loads the rule modules
 
-    takes_families = any(field.name == "family_settings" for field in dataclasses.fields(config))
+    takes_families = "family_settings" in config.__dataclass_fields__
     return owned_settings(), family_settings() if takes_families else {}
