@@ -74,8 +74,9 @@ def test_concurrent_batches_share_one_engine_and_each_returns_whole_in_input_ord
     texts = [text for output in outputs for text in output.column("generated_text").to_pylist()]
     assert texts == [e.text for e in expected]
     # rows of different batches were decoded side by side (a batch holds 4 rows, the engine up to 8);
-    # one batch at a time, with a drain-and-refill at each boundary, no step could exceed 4 rows
-    assert max(rows_per_step) == 8
+    # one batch at a time, with a drain-and-refill at each boundary, no step could exceed 4 rows. How many
+    # more than 4 depends on when the engine's thread takes its first step, so only the bound is asserted
+    assert 4 < max(rows_per_step) <= 8
 
 
 def test_bad_rows_get_an_error_and_the_rest_of_the_batch_is_unaffected(actor, engine):
