@@ -1,6 +1,6 @@
 """Aten operations and logit positions per step of anchored rows (Nemotron-Labs-Diffusion's fixture).
 
-``benchmarks.host_ops`` counts the block runner's steps; this counts the span runner's on anchored rows, in
+``benchmarks.host_ops`` counts block rows' steps; this counts anchored rows', in
 their dLM threshold mode and batched self-speculation, on 16 prompts of 3 to 40 tokens, and times each run three
 times (the minimum). Run it in two checkouts to compare commits:
 

@@ -14,8 +14,8 @@ from engine.executor import SingleProcessExecutor, executor_for
 from engine.models.loader import DiffusionLM, load_model
 from engine.models.prompts import Prompt, PromptTooLongError, encode_prompt
 from engine.rules import rule_for
-from engine.runner.interface import runner_class
 from engine.runner.memory import check_arena_fits
+from engine.runner.runner import Runner
 from engine.scheduling.admission import AdmissionError, AdmissionLimits
 from engine.scheduling.model_fit import config_for_model
 from engine.scheduling.outputs import RunnerOutput, SchedulerOutput, StepReport
@@ -38,7 +38,7 @@ class BlockServeEngine:
                                       self.token_budget, self.max_row_width, lm.layout, self._request_problem,
                                       self.config.gen_length)
         check_arena_fits(lm, self.config)  # before allocating: a batch that cannot fit fails by name
-        self.runner = runner_class(lm.layout.runner)(lm, self.config, self.max_row_width, self.rule)
+        self.runner = Runner(lm, self.config, self.max_row_width, self.rule)
         prefix_cache = self.runner.prefix_cache
         self.scheduler = Scheduler(self.config, self.token_budget, self.max_row_width,
                                    prefix_cache.index if prefix_cache is not None else None)

@@ -33,9 +33,9 @@ CONSTRAINTS = {"free": None, "json": {"json": SCHEMA}, "json_object": {"json_obj
 
 
 def timed(engine: BlockServeEngine) -> list[float]:
-    """Wrap the block runner's constrained-row calls so their time adds up in the returned one-item list."""
+    """Wrap the block rows' constrained-row calls so their time adds up in the returned one-item list."""
     spent = [0.0]
-    rows = engine.runner.constrained
+    rows = engine.runner.rows.constrained
     for name in ("propose", "keep_runs", "settle"):
         method = getattr(rows, name)
 

@@ -204,7 +204,7 @@ def test_a_compiled_prefill_writes_every_layers_keys_and_values_as_eager_does(na
         engine = BlockServeEngine(lm, config)
         engine.add_request(ordinary_prompts(lm, (5,))[0], SamplingParams(max_new_tokens=9))
         engine.step()  # the prefill: prompt and first block, columns [0, 8) of slot 0
-        caches.append(engine.runner.batch.kv_cache.data[:, 0, :, :, :2 * BLOCK])
+        caches.append(engine.runner.rows.batch.kv_cache.data[:, 0, :, :, :2 * BLOCK])
     torch.testing.assert_close(caches[1], caches[0], rtol=0, atol=1e-4)
 
 

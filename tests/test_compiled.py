@@ -206,7 +206,7 @@ def test_an_engine_thread_compiles_more_shapes_than_torchs_default_limit_without
     forward = lm.model.compiled
     assert forward.compile_failures == {}
     default_limit = run_in_new_thread(lambda: torch._dynamo.config.recompile_limit)
-    assert default_limit == 8 < forward.num_graphs <= max_graphs(16, engine.runner.batch.width)
+    assert default_limit == 8 < forward.num_graphs <= max_graphs(16, engine.runner.rows.batch.width)
     eager = BlockServeEngine(load_model(FIXTURE, dtype="float32"), EngineConfig(max_batch_size=16))
     assert two_waves(eager) == compiled
 

@@ -29,7 +29,7 @@ def test_the_arena_holds_exactly_the_memory_model_and_rows_leaving_allocate_noth
     from engine.runner.memory import memory_model
 
     engine = tiny_engine_factory(dtype="float32", max_batch_size=4, cache=cache)
-    batch = engine.runner.batch
+    batch = engine.runner.rows.batch
     kv_cache = batch.kv_cache
     held = [batch.tokens, batch.positions, batch.key_mask] + (kv_cache.keys + kv_cache.values if kv_cache else [])
     pointers = [tensor.data_ptr() for tensor in held]
@@ -38,4 +38,4 @@ def test_the_arena_holds_exactly_the_memory_model_and_rows_leaving_allocate_noth
     prompts, caps = mixed_workload(heldout_rows, 10)
     engine.generate(prompts, [SamplingParams(max_new_tokens=cap) for cap in caps])
     assert [tensor.data_ptr() for tensor in held] == pointers  # written in place, never reallocated
-    assert batch.num_free_slots == 4 and batch.num_bytes == model.arena_bytes
+    assert engine.runner.slots.num_free == 4 and batch.num_bytes == model.arena_bytes

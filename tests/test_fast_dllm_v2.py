@@ -60,7 +60,7 @@ def test_the_release_config_is_read_as_a_qwen2_stack_with_shifted_block_causal_r
     config = lm.model.config
     assert (lm.family, lm.logit_shift, lm.row_kind, lm.block_length) == ("fast_dllm_v2", 1, "block_causal", 32)
     assert config.qkv_bias and (config.num_heads, config.num_kv_heads) == (4, 2) and not config.qk_norm
-    assert lm.layout.runner == "blocks" and isinstance(step_parts(lm.layout), ShiftedBlockCausalParts)
+    assert lm.layout.step_kind == "blocks" and isinstance(step_parts(lm.layout), ShiftedBlockCausalParts)
     assert (lm.special_ids.mask_id, lm.special_ids.stop_ids) == (100, (99,))  # config.json's ids
 
 

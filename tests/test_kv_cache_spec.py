@@ -80,7 +80,7 @@ def test_the_memory_check_prices_exactly_the_cache_and_pool_each_row_kind_alloca
     engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2, max_model_len=128, prefix_cache_tokens=64,
                                                enable_prefix_caching=True))
     runner = engine.runner
-    cache = runner.batch.kv_cache if hasattr(runner, "batch") else runner.cache
+    cache = runner.rows.cache
     prefix = runner.prefix_cache
     assert cache.spec.num_bytes(2, lm.dtype) == cache.num_bytes
     priced = memory.cache_bytes(lm, engine.config, cache.spec, prefix.page_length)

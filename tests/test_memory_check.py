@@ -58,7 +58,7 @@ def test_an_arena_that_fits_but_a_full_budget_step_may_not_is_a_warning(tiny, ca
     config = EngineConfig(max_batch_size=4, token_budget=10**12)  # activations of 10^12 box tokens
     with caplog.at_level(logging.WARNING, logger="engine.runner.memory"):
         model = check_arena_fits(tiny, config)
-    assert model.arena_bytes == BlockServeEngine(tiny, config).runner.batch.num_bytes
+    assert model.arena_bytes == BlockServeEngine(tiny, config).runner.rows.batch.num_bytes
     assert any("token_budget=1000000000000" in record.getMessage() for record in caplog.records)
 
 
@@ -66,7 +66,7 @@ def test_a_model_advertising_a_long_context_gets_a_capped_default_row_width():
     dream = load_model(FIXTURES / "tiny-dream", dtype="float32")
     assert dream.max_length == 32768 > DEFAULT_MAX_MODEL_LEN
     engine = BlockServeEngine(dream, EngineConfig(max_batch_size=2))
-    assert engine.max_row_width == engine.runner.batch.width == DEFAULT_MAX_MODEL_LEN
+    assert engine.max_row_width == engine.runner.rows.batch.width == DEFAULT_MAX_MODEL_LEN
     output = engine.generate([[5] * DEFAULT_MAX_MODEL_LEN], SamplingParams(max_new_tokens=32))[0]
     assert output.finish_reason == "error" and str(DEFAULT_MAX_MODEL_LEN) in output.error
     wider = BlockServeEngine(dream, EngineConfig(max_batch_size=2, max_model_len=8192))

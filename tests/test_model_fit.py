@@ -17,7 +17,7 @@ from tests.conftest import FIXTURES
 
 def test_a_block_causal_model_decodes_in_its_trained_block_unless_told_otherwise():
     engine = BlockServeEngine.from_pretrained(FIXTURES / "tiny-sdar")  # config.json: block_size 4
-    assert engine.config.block_length == engine.runner.batch.block_length == 4
+    assert engine.config.block_length == engine.runner.rows.batch.block_length == 4
     output = engine.generate([[5, 6, 7, 8, 9, 10]], SamplingParams(max_new_tokens=9, stop_at_eos=False))[0]
     assert output.num_blocks == 3  # the first block holds 2 prompt tokens: 2 + 9 columns span 3 blocks of 4
     assert len(output.token_ids) == 9
@@ -57,6 +57,6 @@ def test_the_trained_block_given_explicitly_runs_without_a_warning(caplog):
 def test_a_block_causal_family_with_a_logit_shift_reads_its_logits_one_column_left(monkeypatch):
     monkeypatch.setattr(sdar, "LOGIT_SHIFT", 1)  # as Fast-dLLM v2's: a block's first position is read one column left
     lm = load_model(FIXTURES / "tiny-sdar")
-    assert lm.layout.runner == "blocks" and isinstance(step_parts(lm.layout), ShiftedBlockCausalParts)
+    assert lm.layout.step_kind == "blocks" and isinstance(step_parts(lm.layout), ShiftedBlockCausalParts)
     with pytest.raises(ValueError, match="shifted_decoding: 'lookback'"):
         BlockServeEngine(lm, EngineConfig(shifted_decoding="lookback"))

@@ -8,11 +8,11 @@ A family's layout is one of two kinds:
 * **Canvas** (DiffusionGemma): a causal encoder writes the context once (prompt, then each committed
   canvas); the answer's canvas starts from random tokens and attends to itself and to that context. A
   row sits left-aligned, its answer starts right after the prompt, and it decodes with the rule its
-  family names (``RowLayout.own_rule``) on the span runner (``engine.runner.span_runner``).
+  family names (``RowLayout.own_rule``), as canvas rows (``engine.runner.canvas_rows``).
 * **Anchored** (Nemotron-Labs-Diffusion): a causal context (the prompt, then each finished block) is stored
   once; the active block starts right after it, seeded by the context's next token, and is denoised
-  bidirectionally over it. A row sits left-aligned and runs on the span runner (``engine.runner.span_runner``),
-  which also runs it autoregressively or by linear speculation.
+  bidirectionally over it. A row sits left-aligned and runs as an anchored row (``engine.runner.anchored_rows``),
+  which may also run autoregressively or by linear speculation.
 * **Block-causal** (SDAR, LLaDA2, Fast-dLLM v2): a position attends to its own block and every block before
   it, over blocks of the size the model was trained with, counted from the prompt's first token. A row sits
   left-aligned (column = position), the first answer block holds the prompt's last ``lead`` tokens,
@@ -76,22 +76,18 @@ class RowLayout:
 
     @property
     def decodes_canvases(self) -> bool:
-        """Canvases of random tokens denoised by the entropy-bound rule, on the span runner."""
+        """Canvases of random tokens denoised by the entropy-bound rule, spans after a stored context."""
         return self.row_kind == "canvas"
 
     @property
     def anchored(self) -> bool:
-        """Blocks anchored after a causal context, on the span runner."""
+        """Blocks anchored after a causal context, one span a step."""
         return self.row_kind == "anchored"
 
     @property
-    def runner(self) -> str:
-        """The runner its rows step on (``engine.runner.interface.runner_class``)."""
-        return "spans" if self.decodes_canvases or self.anchored else "blocks"
-
-    @property
-    def memory_model(self) -> str:
-        """The memory model that prices its rows (``engine.runner.memory``): "blocks", "canvas" or "anchored"."""
+    def step_kind(self) -> str:
+        """How the runner steps its rows, and so how the memory check prices them: "blocks" (active blocks in a
+        persistent batch), "anchored" or "canvas" (``engine.runner.interface``)."""
         return "canvas" if self.decodes_canvases else "anchored" if self.anchored else "blocks"
 
     @property

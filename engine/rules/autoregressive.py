@@ -1,6 +1,6 @@
 """``autoregressive``: one token per causal forward, the context's next token.
 
-This is Nemotron-Labs-Diffusion's ``ar_generate``. Its rows run on the span runner
+This is Nemotron-Labs-Diffusion's ``ar_generate``. Its rows run as anchored rows
 (``engine.runner.anchored_rows``): each step stores the row's last token causally and draws the next from
 that one position's logits (``engine.runner.sampler``), as its span plan says. The scheduler's
 blocks are single tokens.

@@ -49,6 +49,12 @@ class DecodingRule(PlansSpans):
     row_kinds: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")  # the RowLayout.row_kind values
     # it runs on
     vocab_copies: ClassVar[int] = 1  # float32 copies of a position's logits its step holds at once (memory check)
+    excludes_mask: ClassVar[bool] = True  # MASK is never proposed, and outside its log-probabilities' distribution
+
+    @property
+    def measure(self) -> str:
+        """The per-position score :func:`engine.rules.proposals.propose_tokens` gives it."""
+        return "probability"
 
     @classmethod
     def settings_problems(cls, config: Any) -> list[tuple[str, str]]:
@@ -160,7 +166,7 @@ class RowState:
 
 @dataclass
 class CanvasRowState:
-    """A canvas row's own draws and where its canvas stands, kept on the host by the span runner."""
+    """A canvas row's own draws and where its canvas stands, kept on the host by the canvas rows."""
 
     generator: torch.Generator  # every draw of the row, seeded by its request
     drawn: bool = False  # its slot holds a canvas being denoised (False: its next step draws one)
@@ -170,10 +176,11 @@ class CanvasRowState:
 class CanvasRule(DecodingRule):
     """A rule that denoises a row's whole canvas each step from every position's logits, drawing from the
     row's own generator (DiffusionGemma's sampler). It plans each row's step as spans (a store of its pending
-    context, then its canvas) and reads the step back; the span runner asks it for each of these."""
+    context, then its canvas) and reads the step back; the canvas rows ask it for each of these."""
 
     max_denoising_steps: int  # the steps a canvas may take; the request counts those taken (step_in_block)
     row_kinds: ClassVar[tuple[str, ...]] = ("canvas",)
+    excludes_mask: ClassVar[bool] = False  # a canvas may hold any token
 
     def new_canvas_row(self, seed: int, device: torch.device) -> CanvasRowState:
         """The state of a row that has just been admitted: its generator seeded by its request."""
@@ -222,11 +229,6 @@ class BlockRule(DecodingRule):
     reads_unmasked: ClassVar[bool] = False  # it reads logits at positions that are not masks (BlockView.computed)
     reads_logits: ClassVar[bool] = False  # it reads the logits themselves, not only the proposals (BlockView.logits)
     commits_once: ClassVar[bool] = False  # a written token is never rewritten (no edits): see read_block
-
-    @property
-    def measure(self) -> str:
-        """The per-position score :func:`engine.rules.proposals.propose_tokens` gives it."""
-        return "probability"
 
     @classmethod
     def _model_settings(cls, *, mask_id: int | None, logit_shift: int, config: Any) -> dict[str, Any]:

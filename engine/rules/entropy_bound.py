@@ -58,7 +58,7 @@ CANVAS_SETTING_RULES = {  # transformers' names
 
 @dataclass(frozen=True)
 class EntropyBound(CanvasRule):
-    """DiffusionGemma's sampler; its rows run on the span runner (``engine.runner.canvas_rows``)."""
+    """DiffusionGemma's sampler; its rows run as canvas rows (``engine.runner.canvas_rows``)."""
 
     max_denoising_steps: int
     entropy_bound: float

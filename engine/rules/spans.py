@@ -5,7 +5,7 @@ span a step: a **store** of its pending tokens, a **denoise** or **draft** of it
 **verify** of a whole draft. Its rule decides which (:meth:`PlansSpans.plan_span`), and from the step's tokens
 what the row keeps, emits and does next (:meth:`PlansSpans.read_span`). A canvas row (DiffusionGemma's) runs a
 **canvas** span a step, after a store of its pending context in the same forward where it has one; its rule
-plans and reads both (``engine.rules.base.CanvasRule``). The span runner only carries the plan out, so the
+plans and reads both (``engine.rules.base.CanvasRule``). The runner only carries the plan out, so the
 decoding modes differ in their rules alone. The default here is the dLM mode of every block rule: store
 causally (``causal_context``), seed the next block with the context's next token, denoise the block with the
 rule's step until it is final or ends at a stop token.

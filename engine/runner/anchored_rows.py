@@ -26,44 +26,54 @@ from engine.rules.base import BlockView, DecodingRule
 from engine.rules.spans import SpanPlan
 from engine.runner.prefix_cache import PAGE_LENGTH, PrefixCache
 from engine.runner.sampler import Sampler, spans_bias
-from engine.runner.span_rows import Span, SpanRow
-from engine.scheduling.outputs import RowResult
+from engine.runner.slots import SlotAllocator
+from engine.runner.span_rows import Span, SpanRow, joining_row, planned_spans
+from engine.scheduling.outputs import RowResult, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
 from engine.scheduling.trace import ForwardRecord
 
 
 class AnchoredRows:
-    """Anchored rows' cache, plans, forward and reading, for the span runner."""
+    """Anchored rows' cache, plans, forward and reading, for the runner."""
 
-    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule):
-        self.lm, self.model, self.rule = lm, lm.model, rule
-        self.sampler = Sampler(lm.special_ids.mask_id)
+    rows_per_chunk = None  # a step's logits are its rows' offsets, a block each at most
+    page_length = PAGE_LENGTH
+
+    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule,
+                 slots: SlotAllocator[Request], sampler: Sampler):
+        self.lm, self.model, self.rule, self.sampler = lm, lm.model, rule, sampler
         self.block_length = config.block_length
         self.causal_context = config.causal_context
         self.mask_id, self.stop_ids = lm.special_ids.mask_id, lm.special_ids.stop_ids
-        self.cache = KVCache(self.model.config.cache_spec(max_row_width + 1), config.max_batch_size, lm.dtype,
-                             lm.device)
-        self.rows_per_chunk = None  # a step's logits are its rows' offsets, a block each at most
+        self.cache = KVCache(self.model.config.cache_spec(max_row_width + 1), slots.num_slots, lm.dtype, lm.device)
+        self.rows: dict[str, SpanRow] = {}
 
-    def reusable_pages(self, prompt_length: int) -> int:
+    def reusable_pages(self, request: Request) -> int:
         """Every whole page but the prompt's last token's: a store of at least one token seeds the first block."""
-        return (prompt_length - 1) // PAGE_LENGTH
+        return (request.prompt_length - 1) // PAGE_LENGTH
 
-    def admit(self, request: Request, row: SpanRow) -> None:
-        """An anchored row keeps nothing more: its rule keeps no state, its bias is built per step."""
+    def admit(self, request: Request, cached: int) -> None:
+        """Its row stores the prompt past its cached pages; its rule keeps no state, its bias is built per step."""
+        self.rows[request.request_id] = joining_row(request, cached)
 
-    def claim_prompts(self, prefix_cache: PrefixCache, admitted: list[Request], rows: list[SpanRow]) -> None:
+    def claim_prompts(self, prefix_cache: PrefixCache, admitted: list[Request]) -> None:
         """The pages are copied from the rows' slots after the step (``PrefixCache.fill``)."""
-        prefix_cache.claim_prompts(admitted, [row.slot for row in rows])
+        prefix_cache.claim_prompts(admitted, [request.slot for request in admitted])
 
-    def plan(self, row: SpanRow) -> SpanPlan:
-        return self.rule.plan_span(row.pending, row.block, self.causal_context)
-
-    def run(self, spans: list[Span], prefix_cache: PrefixCache | None) -> tuple[dict[str, RowResult], ForwardRecord]:
+    def run(self, scheduled: SchedulerOutput, prefix_cache: PrefixCache | None
+            ) -> tuple[dict[str, RowResult], ForwardRecord]:
+        spans = planned_spans(self.rows, scheduled, self._plan)
         logits = self.model.run_spans(self._step(spans), self.cache, None)
         if prefix_cache is not None:
             prefix_cache.fill()
         return self._results(spans, logits), self._record(spans)
+
+    def release(self, finished: list[Request], prefix_cache: PrefixCache | None) -> None:
+        for request in finished:
+            self.rows.pop(request.request_id, None)
+
+    def _plan(self, row: SpanRow) -> SpanPlan:
+        return self.rule.plan_span(row.pending, row.block, self.causal_context)
 
     # -- the step's inputs -----------------------------------------------------------------------------
     def _step(self, spans: list[Span]) -> SpanStep:

@@ -34,24 +34,24 @@ from engine.scheduling.request import Request
 class PersistentBatch:
     """Token ids, positions, key masks and (with a cache) keys/values for ``slots`` rows of ``width``."""
 
-    def __init__(self, lm: DiffusionLM, slots: int, width: int, block_length: int, cache_mode: str,
-                 window_lookback: int = 0):
-        device = lm.device
+    def __init__(self, lm: DiffusionLM, slots: SlotAllocator[Request], width: int, block_length: int,
+                 cache_mode: str, window_lookback: int = 0):
+        device, num_slots = lm.device, slots.num_slots
         self.width, self.block_length, self.cache_mode = width, block_length, cache_mode
         self.layout = lm.layout
         self.mask_id, self.pad_id, self.logit_shift = lm.special_ids.mask_id, lm.special_ids.pad_id, lm.logit_shift
         self.vocab_size = lm.vocab_size
         self.window_lookback = window_lookback  # columns a window starts before the block (<= logit_shift)
-        self.kv_cache = (KVCache(lm.model.config.cache_spec(width), slots, lm.dtype, device) if cache_mode != "none"
+        self.kv_cache = (KVCache(lm.model.config.cache_spec(width), num_slots, lm.dtype, device) if cache_mode != "none"
                          else None)
         self.key_mask = (self.kv_cache.key_mask if self.kv_cache is not None
-                         else torch.zeros((slots, width + 1), dtype=torch.bool, device=device))
-        self.tokens = torch.full((slots, width), self.pad_id, dtype=torch.long, device=device)
-        self.positions = torch.zeros((slots, width), dtype=torch.long, device=device)
+                         else torch.zeros((num_slots, width + 1), dtype=torch.bool, device=device))
+        self.tokens = torch.full((num_slots, width), self.pad_id, dtype=torch.long, device=device)
+        self.positions = torch.zeros((num_slots, width), dtype=torch.long, device=device)
         self.logprobs: LogprobBuffer | None = None  # allocated when a request first asks for them
         self.columns = torch.arange(width, device=device)
         self.block_offsets = torch.arange(block_length, device=device)
-        self.slots: SlotAllocator[Request] = SlotAllocator(slots)
+        self.slots = slots  # the runner's: it hands slots out and takes them back; packing moves rows
 
     @property
     def num_slots(self) -> int:
@@ -63,10 +63,6 @@ class PersistentBatch:
         state = [self.tokens, self.positions] + ([] if self.kv_cache is not None else [self.key_mask])
         kv_bytes = self.kv_cache.num_bytes if self.kv_cache is not None else 0
         return sum(t.numel() * t.element_size() for t in state) + kv_bytes
-
-    @property
-    def num_free_slots(self) -> int:
-        return self.slots.num_free
 
     def logprob_buffer(self) -> LogprobBuffer:
         """Each slot's log-probabilities of its active block, allocated on first use."""
@@ -84,8 +80,8 @@ class PersistentBatch:
         return self.row_start(request) + request.block_start
 
     def place(self, request: Request) -> None:
-        """Give the request a slot and write its row: pads, prompt, a canvas of masks."""
-        slot = self.slots.take(request)
+        """Write the request's row into the slot it was given: pads, prompt, a canvas of masks."""
+        slot = request.slot
         start = self.row_start(request)
         (prompt,) = to_device(self.tokens, request.prompt_token_ids)
         self.tokens[slot, :start] = self.pad_id
@@ -95,13 +91,6 @@ class PersistentBatch:
         self.positions[slot] = (self.columns - start).clamp(min=0)
         self.key_mask[slot] = False
         self.key_mask[slot, start:start + request.width] = True
-        request.slot = slot
-
-    def release(self, request: Request) -> None:
-        """Its slot goes back; nothing is copied."""
-        if request.slot is not None:
-            self.slots.give_back(request.slot)
-            request.slot = None
 
     def pack_window_rows(self, window: Sequence[Request]) -> None:
         """Move rows so the window rows hold slots ``[0, len(window))``.

@@ -55,7 +55,7 @@ STEP_PARTS: dict[str, type] = {"bidirectional": FullAttentionParts, "block_causa
 
 
 def step_parts(layout: RowLayout) -> StepParts:
-    """The parts of a block runner's step, by the layout's row kind (shifted logits: read one column left)."""
+    """The parts of a block rows' step, by the layout's row kind (shifted logits: read one column left)."""
     if layout.block_causal and layout.logit_shift:
         return ShiftedBlockCausalParts()
     return STEP_PARTS[layout.row_kind]()

@@ -32,8 +32,9 @@ from engine.rules.spans import SpanPlan
 from engine.runner.logit_processors import RowBias, dense_bias
 from engine.runner.prefix_cache import PAGE_LENGTH, PrefixCache
 from engine.runner.sampler import Sampler
-from engine.runner.span_rows import Span, SpanRow
-from engine.scheduling.outputs import RowResult
+from engine.runner.slots import SlotAllocator
+from engine.runner.span_rows import Span, SpanRow, joining_row, planned_spans
+from engine.scheduling.outputs import RowResult, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
 from engine.scheduling.trace import ForwardRecord
 
@@ -62,45 +63,57 @@ class CanvasLogprobs:
 
 
 class CanvasRows:
-    """Canvas rows' cache, canvases, plans, forward and reading, for the span runner. A slot's canvas, its
+    """Canvas rows' cache, canvases, plans, forward and reading, for the runner. A slot's canvas, its
     self-conditioning and its rule's history of argmax canvases live in ``[slots, ...]`` device tensors."""
 
-    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: CanvasRule):
-        self.lm, self.model = lm, lm.model
-        self.sampler = Sampler(mask_id=None)  # bias and log-probabilities; the rule draws
-        self.rule = rule
+    page_length = PAGE_LENGTH
+
+    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: CanvasRule,
+                 slots: SlotAllocator[Request], sampler: Sampler):
+        self.lm, self.model, self.rule = lm, lm.model, rule
+        self.sampler = sampler  # bias and log-probabilities; the rule draws
         self.length = config.block_length
-        slots, device = config.max_batch_size, lm.device
-        self.cache = KVCache(self.model.config.cache_spec(max_row_width), slots, lm.dtype, device)
-        self.canvas = torch.zeros((slots, self.length), dtype=torch.long, device=device)
-        self.soft = torch.zeros((slots, self.length, self.model.config.hidden_size), dtype=lm.dtype, device=device)
-        self.history = self.rule.empty_history(slots, self.length, device)
+        num_slots, device = slots.num_slots, lm.device
+        self.cache = KVCache(self.model.config.cache_spec(max_row_width), num_slots, lm.dtype, device)
+        self.canvas = torch.zeros((num_slots, self.length), dtype=torch.long, device=device)
+        self.soft = torch.zeros((num_slots, self.length, self.model.config.hidden_size), dtype=lm.dtype,
+                                device=device)
+        self.history = self.rule.empty_history(num_slots, self.length, device)
         self.rows_per_chunk = rows_per_chunk(self.length, lm.vocab_size)
+        self.rows: dict[str, SpanRow] = {}
 
-    def reusable_pages(self, prompt_length: int) -> int:
-        return prompt_length // PAGE_LENGTH
+    def reusable_pages(self, request: Request) -> int:
+        return request.prompt_length // PAGE_LENGTH
 
-    def admit(self, request: Request, row: SpanRow) -> None:
-        """Its rule's state (the generator seeded by the request) and its request's dense logit bias."""
+    def admit(self, request: Request, cached: int) -> None:
+        """Its row stores the prompt past its cached pages, with its rule's state (the generator seeded by the
+        request) and its request's dense logit bias."""
+        row = self.rows[request.request_id] = joining_row(request, cached)
         row.state = self.rule.new_canvas_row(request.seed, self.lm.device)
         if request.params.logit_bias:
             row.bias = dense_bias([request.params.logit_bias], self.lm.vocab_size, torch.float32, self.lm.device)[0]
 
-    def claim_prompts(self, prefix_cache: PrefixCache, admitted: list[Request], rows: list[SpanRow]) -> None:
+    def claim_prompts(self, prefix_cache: PrefixCache, admitted: list[Request]) -> None:
         """The pages are filled by the rows' stores, in the forward (``StorePart.pages``)."""
-        for row, pages in zip(rows, prefix_cache.claim_prompts(admitted, None)):
-            row.pages = pages
+        for request, pages in zip(admitted, prefix_cache.claim_prompts(admitted, None)):
+            self.rows[request.request_id].pages = pages
 
-    def plan(self, row: SpanRow) -> SpanPlan:
-        return self.rule.plan_canvas(row.pending, row.state)
-
-    def run(self, spans: list[Span], prefix_cache: PrefixCache | None) -> tuple[dict[str, RowResult], ForwardRecord]:
+    def run(self, scheduled: SchedulerOutput, prefix_cache: PrefixCache | None
+            ) -> tuple[dict[str, RowResult], ForwardRecord]:
+        spans = planned_spans(self.rows, scheduled, self._plan)
         for span in spans:
             if span.plan.draws:
                 self._draw(span.row)
         step, record = self._inputs(spans)
         hidden = self.model.run_spans(step, self.cache, prefix_cache.pool if prefix_cache is not None else None)
         return self._decode(spans, hidden), record
+
+    def release(self, finished: list[Request], prefix_cache: PrefixCache | None) -> None:
+        for request in finished:
+            self.rows.pop(request.request_id, None)
+
+    def _plan(self, row: SpanRow) -> SpanPlan:
+        return self.rule.plan_canvas(row.pending, row.state)
 
     def _draw(self, row: SpanRow) -> None:
         """A new canvas in the row's slot, from its generator, with no history and no self-conditioning."""

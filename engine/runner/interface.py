@@ -1,47 +1,68 @@
-"""What the engine asks of a runner, and the runners a layout may name (``RowLayout.runner``).
+"""What the runner asks of a row kind, and the row kinds a layout may name (``RowLayout.step_kind``).
 
-A runner owns the device state of its rows and runs one step of them: the block runner
-(``engine.runner.block_runner``) decodes blocks with a block rule, the span runner (``engine.runner.span_runner``)
-runs each row's spans as its rule plans them (Nemotron-Labs-Diffusion's anchored rows, DiffusionGemma's
-canvases). Both take the scheduler's decisions and return results keyed by request id; neither decides who runs.
+The one runner (``engine.runner.runner``) keeps what every row needs: its slot, the prefix cache and the
+sampler. A row kind's module keeps the rest of its rows' state on the device and runs one step of them, in
+one forward of its model, with each row's rule planning its span and reading the step back:
+
+* **blocks** (``engine.runner.block_rows``): a row's span is its active block in a persistent batch, refreshed
+  with its row or decoded over its cached context (LLaDA, Dream, SDAR, LLaDA2.x, Fast-dLLM v2);
+* **anchored** (``engine.runner.anchored_rows``): one span a row after its stored context: a causal store, a
+  denoised or drafted block, or a verified draft (Nemotron-Labs-Diffusion);
+* **canvas** (``engine.runner.canvas_rows``): a store of a row's pending context, then its canvas, in the same
+  forward (DiffusionGemma).
 """
 from __future__ import annotations
 
 from typing import Protocol
 
 from engine.config import EngineConfig
+from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.rules.base import DecodingRule
-from engine.scheduling.outputs import RunnerOutput, SchedulerOutput
-from engine.scheduling.prefix_index import PrefixIndex
+from engine.runner.prefix_cache import PrefixCache
+from engine.runner.sampler import Sampler
+from engine.runner.slots import SlotAllocator
+from engine.scheduling.outputs import RowResult, SchedulerOutput
 from engine.scheduling.request import Request
+from engine.scheduling.trace import ForwardRecord
 
 
-class KeepsPrefixes(Protocol):
-    """A runner's prefix cache, as the engine and the scheduler read it."""
+class StepRows(Protocol):
+    """One row kind's side of the runner's step: its device state, its forward and its rule's reading."""
 
-    index: PrefixIndex  # which prompt blocks (or pages) it holds
+    rule: DecodingRule  # the rule that plans its rows' spans and reads them back
+    cache: KVCache | None  # every layer's keys and values of every slot (None: the rows keep none)
+    page_length: int  # positions of a prefix-cache page
+    rows_per_chunk: int | None  # rows whose vocabulary-sized temporaries a step holds at once (None: every row's)
+
+    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule,
+                 slots: SlotAllocator[Request], sampler: Sampler) -> None: ...
+
+    def reusable_pages(self, request: Request) -> int:
+        """The most prompt pages a joining row may take from the prefix cache."""
+
+    def admit(self, request: Request, cached: int) -> None:
+        """A joining row, in the slot it was given with its first ``cached`` prompt positions already there."""
+
+    def claim_prompts(self, prefix_cache: PrefixCache, admitted: list[Request]) -> None:
+        """Claim the joining rows' whole prompt pages for the prefix cache to keep, once every one has reused
+        its run."""
+
+    def run(self, scheduled: SchedulerOutput, prefix_cache: PrefixCache | None
+            ) -> tuple[dict[str, RowResult], ForwardRecord]:
+        """One forward of every scheduled row's span, then each row's result as its rule reads it."""
+
+    def release(self, finished: list[Request], prefix_cache: PrefixCache | None) -> None:
+        """The leaving rows' state goes (a block row's answer blocks enter the prefix cache first)."""
 
 
-class Runner(Protocol):
-    rule: DecodingRule  # the rule its rows decode with
-    prefix_cache: KeepsPrefixes | None  # the prompts' keys and values it keeps (None: none)
+def step_rows_class(step_kind: str) -> type[StepRows]:
+    """The row kind a layout names: "blocks", "anchored" or "canvas"."""
+    from engine.runner.anchored_rows import AnchoredRows
+    from engine.runner.block_rows import BlockRows
+    from engine.runner.canvas_rows import CanvasRows
 
-    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule) -> None: ...
-
-    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
-        """Apply ``scheduled`` to its rows and run them for one step."""
-
-    def release(self, finished: list[Request]) -> None:
-        """The rows that left give their slots back."""
-
-
-def runner_class(name: str) -> type[Runner]:
-    """The runner a layout names: "blocks" or "spans"."""
-    from engine.runner.block_runner import BlockRunner
-    from engine.runner.span_runner import SpanRunner
-
-    runners: dict[str, type[Runner]] = {"blocks": BlockRunner, "spans": SpanRunner}
-    if name not in runners:
-        raise ValueError(f"unknown runner {name!r}; known: {sorted(runners)}")
-    return runners[name]
+    kinds: dict[str, type[StepRows]] = {"blocks": BlockRows, "anchored": AnchoredRows, "canvas": CanvasRows}
+    if step_kind not in kinds:
+        raise ValueError(f"unknown step kind {step_kind!r}; known: {sorted(kinds)}")
+    return kinds[step_kind]

@@ -84,12 +84,12 @@ def canvas_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
 
 
 def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
-    """The memory model of ``lm``'s rows (``RowLayout.memory_model``: what its runner keeps of them)."""
-    return MEMORY_MODELS[lm.layout.memory_model](lm, config)
+    """The memory model of ``lm``'s rows (``RowLayout.step_kind``: what the runner keeps of them)."""
+    return MEMORY_MODELS[lm.layout.step_kind](lm, config)
 
 
 def block_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
-    """The block runner: the KV cache and the prefix cache's pool of blocks; a step holds its rows'
+    """Block rows: the KV cache and the prefix cache's pool of blocks; a step holds its rows'
     activations, masks and the active blocks' logits."""
     model_config, dtype = lm.model.config, lm.dtype
     slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
@@ -115,7 +115,7 @@ def block_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
 
 
 def anchored_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
-    """Anchored rows on the span runner: every layer's keys and values for each slot's columns; a step holds its spans'
+    """Anchored rows: every layer's keys and values for each slot's columns; a step holds its spans'
     activations, their attention box and the float32 logits of the positions its rows read (a block each)."""
     model_config, dtype = lm.model.config, lm.dtype
     width = config.resolved_max_model_len(lm.max_length)
@@ -130,7 +130,7 @@ def anchored_memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
 
 
 MEMORY_MODELS = {"blocks": block_memory_model, "canvas": canvas_memory_model,
-                 "anchored": anchored_memory_model}  # by RowLayout.memory_model
+                 "anchored": anchored_memory_model}  # by RowLayout.step_kind
 
 
 def gib(num_bytes: int) -> str:

@@ -11,7 +11,7 @@ first block, and a window that starts a block stores the finished one in front o
 A row admitted on a cached prefix that covers its whole prompt (a prompt of whole blocks) computes its prompt's
 last column again, so that its first step sees it. The model's own loop takes that first position's argmax even
 when the row samples (its rule commits the position alone while it is a mask, ``engine.rules.unmasking``), so
-sampled rows get the argmax there too (:func:`greedy_block_starts`, which the block runner applies where
+sampled rows get the argmax there too (:func:`greedy_block_starts`, which the block rows apply where
 ``seeds_greedily``).
 """
 from __future__ import annotations

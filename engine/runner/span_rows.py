@@ -1,22 +1,19 @@
-"""The span runner's data: a running row, one row's span at a step, and what a row kind provides.
+"""Span rows' data: a running row, and one row's span at a step.
 
-The span runner (``engine.runner.span_runner``) keeps a ``SpanRow`` per running request and builds a ``Span``
-per row at each step from its rule's plan; a row kind's module (``SpanRows``) runs the step's spans.
+The anchored and canvas rows (``engine.runner.anchored_rows``, ``engine.runner.canvas_rows``) keep a ``SpanRow``
+per running request and build a ``Span`` per row at each step from its rule's plan.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
-from engine.models.kv_cache import KVCache
-from engine.rules.base import CanvasRowState, DecodingRule
+from engine.rules.base import CanvasRowState
 from engine.rules.spans import SpanPlan
-from engine.runner.prefix_cache import PrefixCache
-from engine.scheduling.outputs import RowResult
+from engine.scheduling.outputs import SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob
-from engine.scheduling.trace import ForwardRecord
 
 
 @dataclass
@@ -59,24 +56,19 @@ class Span:
         return self.plan.logit_offsets
 
 
-class SpanRows(Protocol):
-    """A row kind's side of the span runner: its cache, its rule's plans, its forward and its reading."""
+def joining_row(request: Request, cached: int) -> SpanRow:
+    """A joining request's row: its slot, and the prompt tokens past its ``cached`` positions to store."""
+    return SpanRow(request.slot, request.params.max_new_tokens, pending=list(request.prompt_token_ids[cached:]),
+                   context=cached)
 
-    cache: KVCache
-    rule: DecodingRule  # the rule that plans its rows' spans and reads them back
-    rows_per_chunk: int | None  # rows whose vocabulary-sized temporaries a step holds at once (None: every row's)
 
-    def reusable_pages(self, prompt_length: int) -> int:
-        """The most prompt pages a joining row may take from the prefix cache."""
-
-    def admit(self, request: Request, row: SpanRow) -> None:
-        """What the row kind keeps of a joining row beyond the runner's: its rule's state, a dense bias."""
-
-    def claim_prompts(self, prefix_cache: PrefixCache, admitted: list[Request], rows: list[SpanRow]) -> None:
-        """Claim the joining rows' whole prompt pages for the prefix cache to keep."""
-
-    def plan(self, row: SpanRow) -> SpanPlan:
-        """The row's plan for this step, from its rule."""
-
-    def run(self, spans: list[Span], prefix_cache: PrefixCache | None) -> tuple[dict[str, RowResult], ForwardRecord]:
-        """One forward of every span, then each row's result as its rule reads it."""
+def planned_spans(rows: dict[str, SpanRow], scheduled: SchedulerOutput,
+                  plan: Callable[[SpanRow], SpanPlan]) -> list[Span]:
+    """Each scheduled row's span this step, as its rule plans it (a store or canvas span writes its pending
+    tokens, the others its active block)."""
+    spans = []
+    for request in (*scheduled.starting, *scheduled.continuing):
+        row = rows[request.request_id]
+        row_plan = plan(row)
+        spans.append(Span(request, row, row_plan, row.pending if row_plan.kind in ("store", "canvas") else row.block))
+    return spans

@@ -58,7 +58,7 @@ class Grammars:
     def refusal(self) -> str | None:
         """Why no request may ask for structured output on this engine (None: constrained rows are defined)."""
         layout = self.lm.layout
-        if layout.runner != "blocks":
+        if layout.step_kind != "blocks":
             return (f"structured_outputs is not offered for {layout.family}: its {layout.row_kind} rows rewrite or "
                     "seed positions out of left-to-right order, so no grammar state is defined for them")
         if not isinstance(self.rule, UnmaskingRule):

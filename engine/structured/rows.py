@@ -1,4 +1,4 @@
-"""A block runner's constrained rows: what one step proposes, keeps and rolls back under each row's grammar.
+"""Block rows' constrained rows: what one step proposes, keeps and rolls back under each row's grammar.
 
 A grammar constrains text left to right, and a diffusion rule commits positions in any order. A constrained
 row's block therefore holds its committed tokens first and its masks after them, and a step keeps that shape:

@@ -146,7 +146,7 @@ class AnchoredTransformer(nn.Module):
 
     # -- the forward -------------------------------------------------------------------------------
     def run_spans(self, step: SpanStep, cache: KVCache, pool: PagePool | None) -> torch.Tensor:
-        """The span runner's entry point: :meth:`span_logits`. ``pool`` is None: the prefix cache copies a
+        """The runner's entry point: :meth:`span_logits`. ``pool`` is None: the prefix cache copies a
         stored prompt's pages from its slot after the step (``PrefixCache.fill``)."""
         return self.span_logits(step, cache)
 

@@ -98,12 +98,12 @@ class DiffusionGemmaTransformer(nn.Module):
     def forward_canvas(self, step: CanvasStep, cache: KVCache) -> torch.Tensor | None:
         """Store the store part's tokens and run the decode part's canvases: logits ``[rows, canvas,
         vocab]`` in float32, soft-capped, or None when no canvas ran. Every row's logits at once: the
-        span runner reads :meth:`run_spans` and runs the head over chunks of rows instead."""
+        runner reads :meth:`run_spans` and runs the head over chunks of rows instead."""
         hidden = self.decode_hidden(step, cache)
         return None if hidden is None else self.logits(hidden)
 
     def run_spans(self, step: CanvasStep, cache: KVCache, pool: PagePool | None) -> torch.Tensor | None:
-        """The span runner's entry point: each row's store and canvas, the canvases' hidden states
+        """The runner's entry point: each row's store and canvas, the canvases' hidden states
         (:meth:`decode_hidden`), whose head the canvas rule runs over chunks of rows."""
         return self.decode_hidden(step, cache, pool)
 

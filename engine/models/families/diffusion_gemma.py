@@ -7,7 +7,7 @@ Where the mapping comes from (transformers >= 5.24, ``models/diffusion_gemma``):
 * Weights: one stack under ``model.decoder.`` (the encoder shares every tensor but each layer's
   ``layer_scalar`` buffer, kept here as ``encoder_layer_scalar``); the head is tied to the embeddings.
 * Decoding: canvases of random tokens denoised by the entropy-bound sampler
-  (``engine.rules.entropy_bound``), on the span runner; settings from generation_config.json.
+  (``engine.rules.entropy_bound``), as canvas rows; settings from generation_config.json.
 * No mask token (the canvas starts from random tokens); EOS ``<eos>`` (1); ``<end_of_turn>`` also stops.
 """
 from __future__ import annotations

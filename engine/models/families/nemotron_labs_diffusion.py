@@ -8,7 +8,7 @@ Where the mapping comes from (the checkpoint's remote code, ``modeling_nemotron_
 * Weights: the stack under ``encoder.`` (``Ministral3Model``), one untied ``diffusion_head`` for every mode.
 * Decoding (``generate``): blocks anchored right after the causal context, seeded by the context's next
   token, denoised with ``threshold``; also ``autoregressive`` (``ar_generate``) and ``linear_spec``
-  (``linear_spec_generate``). Rows run on the span runner (``engine.runner.anchored_rows``).
+  (``linear_spec_generate``). Rows run as anchored rows (``engine.runner.anchored_rows``).
 """
 from __future__ import annotations
 

@@ -1,14 +1,15 @@
-"""The block runner: runs one denoising step on the model and owns the persistent batch it runs on. No policy.
+"""The block rows' side of the runner's step (LLaDA, Dream, SDAR, LLaDA2.x, Fast-dLLM v2): active blocks in a
+persistent batch.
 
-``BlockRunner.execute`` applies the scheduler's decisions to the batch (places admitted rows, packs
-window rows), builds the step's tensors, runs the forward, hands the proposals to the decoding rule, and
-returns what the rule wrote and whether each row's block is final, keyed by request id.
-``BlockRunner.release`` frees the slots of rows that left. The rule alone decides what is done.
+Each row's span is its active block: refreshed whole with its row, or decoded in the window over its cached
+context (the layout's step parts). Its rule plans which offsets need logits (``logit_offsets``) and reads the
+block back (``read_block``). ``BlockRows.run`` packs the window rows, builds the step's tensors, runs one
+forward, hands the proposals to the rule, and returns what the rule wrote and whether each row's block is
+final, keyed by request id. The rule alone decides what is done.
 """
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import torch
 
@@ -19,57 +20,62 @@ from engine.rules.proposals import Sampling
 from engine.runner.batch import PersistentBatch
 from engine.runner.batch_inputs import StepBatch, prepare_inputs, step_parts
 from engine.runner.parts_shifted_block_causal import greedy_block_starts
-from engine.runner.prefix_cache import PrefixCache, pool_pages, whole_prompt_blocks
+from engine.runner.prefix_cache import PrefixCache, whole_prompt_blocks
 from engine.runner.sampler import Sampler
-from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
+from engine.runner.slots import SlotAllocator
+from engine.scheduling.outputs import RowResult, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
+from engine.scheduling.trace import ForwardRecord
 from engine.structured.rows import ConstrainedRows
 
 
-class BlockRunner:
-    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: BlockRule):
-        self.lm = lm
-        self.sampler = Sampler(lm.special_ids.mask_id, rule.measure)
-        self.rule = rule
+class BlockRows:
+    """Block rows' persistent batch, step parts, rule states and constrained rows, for the runner."""
+
+    rows_per_chunk = None  # a step's logits are its rows' logit offsets, a block each at most
+
+    def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: BlockRule,
+                 slots: SlotAllocator[Request], sampler: Sampler):
+        self.lm, self.rule, self.sampler = lm, rule, sampler
         # the ids whose commit ends a block, for rows that honour stops (None: every block is decoded whole)
         self.stop_ids = lm.special_ids.stop_ids if lm.layout.ends_blocks_at_stops else None
         self.row_states: dict[str, RowState] = {}  # request id -> its rule state, as the last step left it
-        self.batch = PersistentBatch(lm, config.max_batch_size, max_row_width, config.block_length, config.cache,
+        self.batch = PersistentBatch(lm, slots, max_row_width, config.block_length, config.cache,
                                      window_lookback=window_lookback(config, lm.logit_shift))
+        self.cache = self.batch.kv_cache
+        self.page_length = config.block_length  # a prefix page is a prompt block
         self.parts = step_parts(lm.layout)
-        self.prefix_cache = (PrefixCache(self.batch.kv_cache, pool_pages(config, max_row_width, config.block_length),
-                                         config.block_length)
-                             if config.enable_prefix_caching and self.batch.kv_cache is not None else None)
         self.constrained = ConstrainedRows(lm.vocab_size, lm.special_ids.eos_id, self.sampler)
 
-    @torch.no_grad()
-    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
-        """Apply ``scheduled`` to the persistent batch and run its rows for one denoising step."""
-        for request in scheduled.admitted:
-            self.batch.place(request)
-            self.row_states[request.request_id] = self.rule.new_row_state()
-            self.constrained.admit(request)
-            if self.prefix_cache is not None:
-                blocks = whole_prompt_blocks(request, self.prefix_cache.page_length)
-                self.prefix_cache.reuse(request, request.slot, blocks)
-        if not scheduled.num_rows:
-            return RunnerOutput(rows={}, model_time_s=0.0)
+    def reusable_pages(self, request: Request) -> int:
+        """The prompt blocks that hold no answer column."""
+        return whole_prompt_blocks(request, self.page_length)
+
+    def admit(self, request: Request, cached: int) -> None:
+        """Write the row into its slot (its cached prompt blocks are already there) with a new rule state."""
+        self.batch.place(request)
+        self.row_states[request.request_id] = self.rule.new_row_state()
+        self.constrained.admit(request)
+
+    def claim_prompts(self, prefix_cache: PrefixCache, admitted: list[Request]) -> None:
+        """Nothing yet: the prompt blocks are kept once the rows' first step has stored them (``run``)."""
+
+    def run(self, scheduled: SchedulerOutput, prefix_cache: PrefixCache | None
+            ) -> tuple[dict[str, RowResult], ForwardRecord]:
+        """One denoising step of the scheduled rows; the admitted rows' prompt blocks are then kept."""
         whole, window = self.parts.assign(self.batch, scheduled)
         self.batch.pack_window_rows(window)
         inputs = prepare_inputs(self.batch, self.parts, whole, window, self._logit_offsets)
-        started = time.perf_counter()
         rows = self._run(inputs)
-        if self.prefix_cache is not None:
-            self.prefix_cache.keep_prompts(scheduled.admitted)
-        return RunnerOutput(rows=rows, model_time_s=time.perf_counter() - started, record=inputs.record)
+        if prefix_cache is not None:
+            prefix_cache.keep_prompts(scheduled.admitted)
+        return rows, inputs.record
 
-    def release(self, finished: list[Request]) -> None:
-        """The rows that left give their slots back at once, so an idle engine holds no row (their answers
-        enter the prefix cache first)."""
-        if self.prefix_cache is not None:
-            self.prefix_cache.keep_answers(finished)
+    def release(self, finished: list[Request], prefix_cache: PrefixCache | None) -> None:
+        """The leaving rows' answer blocks enter the prefix cache, and their rule states go."""
+        if prefix_cache is not None:
+            prefix_cache.keep_answers(finished)
         for request in finished:
-            self.batch.release(request)
             self.row_states.pop(request.request_id, None)
             self.constrained.release(request)
 
