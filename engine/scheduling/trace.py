@@ -10,6 +10,10 @@ forwards (``engine.models.compiled``).
 * window: cached steps; ``window_tokens`` tokens per row (the block, plus the column before it for a
   shifted family, or the block to the row's end with a prefix cache), attending to ``window_context``
   cached columns.
+
+Anchored and canvas rows have no refresh or window rows; their records price them with the same fields. A
+store span (a prompt, a finished block or canvas) fills the refresh fields, every other span the window
+fields.
 """
 from __future__ import annotations
 
