@@ -8,7 +8,7 @@ import torch
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models.kv_cache import CacheSpec, KVCache, LayerSpec
 from engine.models.loader import load_model
-from engine.runner import memory
+from engine.runner import memory_model
 from engine.runner.prefix_cache import PrefixCache
 from engine.scheduling.request import Request
 from tests.conftest import FIXTURES
@@ -83,5 +83,5 @@ def test_the_memory_check_prices_exactly_the_cache_and_pool_each_row_kind_alloca
     cache = runner.rows.cache
     prefix = runner.prefix_cache
     assert cache.spec.num_bytes(2, lm.dtype) == cache.num_bytes
-    priced = memory.cache_bytes(lm, engine.config, cache.spec, prefix.page_length)
+    priced = memory_model.cache_bytes(lm, engine.config, cache.spec, prefix.page_length)
     assert priced == cache.num_bytes + prefix.num_bytes and prefix.num_bytes > 0

@@ -24,10 +24,12 @@ from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.rules.base import BlockView, DecodingRule
 from engine.rules.spans import SpanPlan
+from engine.runner.memory_model import MemoryModel, cache_bytes, element_bytes, weight_bytes
 from engine.runner.prefix_cache import PAGE_LENGTH, PrefixCache
 from engine.runner.sampler import Sampler, spans_bias
 from engine.runner.slots import SlotAllocator
 from engine.runner.span_rows import Span, SpanRow, joining_row, planned_spans
+from engine.scheduling.model_fit import block_length_for
 from engine.scheduling.outputs import RowResult, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
 from engine.scheduling.trace import ForwardRecord
@@ -47,6 +49,19 @@ class AnchoredRows:
         self.mask_id, self.stop_ids = lm.special_ids.mask_id, lm.special_ids.stop_ids
         self.cache = KVCache(self.model.config.cache_spec(max_row_width + 1), slots.num_slots, lm.dtype, lm.device)
         self.rows: dict[str, SpanRow] = {}
+
+    @staticmethod
+    def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
+        """Every layer's keys and values for each slot's columns; a step holds its spans' activations, their
+        attention box and the float32 logits of the positions its rows read (a block each)."""
+        model_config, element = lm.model.config, element_bytes(lm)
+        width = config.resolved_max_model_len(lm.max_length)
+        per_token = 6 * model_config.hidden_size + 3 * model_config.intermediate_size + model_config.num_heads * width
+        return MemoryModel(
+            weight_bytes=weight_bytes(lm),
+            arena_bytes=cache_bytes(lm, config, model_config.cache_spec(width + 1), PAGE_LENGTH),
+            bytes_per_box_token=element * per_token,
+            logit_bytes_per_row=(element + 8) * block_length_for(config, lm) * model_config.vocab_size)
 
     def reusable_pages(self, request: Request) -> int:
         """Every whole page but the prompt's last token's: a store of at least one token seeds the first block."""

@@ -15,14 +15,17 @@ import torch
 
 from engine.config import EngineConfig, window_lookback
 from engine.models.loader import DiffusionLM
+from engine.models.part_attention import part_attention
 from engine.rules.base import BlockRule, BlockView, RowState, RowStep
-from engine.rules.proposals import Sampling
+from engine.rules.proposals import NOISE_CHUNK_ELEMENTS, Sampling
 from engine.runner.batch import PersistentBatch
 from engine.runner.batch_inputs import StepBatch, prepare_inputs, step_parts
+from engine.runner.memory_model import INDEX_BYTES, MemoryModel, cache_bytes, element_bytes, weight_bytes
 from engine.runner.parts_shifted_block_causal import greedy_block_starts
 from engine.runner.prefix_cache import PrefixCache, whole_prompt_blocks
 from engine.runner.sampler import Sampler
 from engine.runner.slots import SlotAllocator
+from engine.scheduling.model_fit import block_length_for
 from engine.scheduling.outputs import RowResult, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
 from engine.scheduling.trace import ForwardRecord
@@ -46,6 +49,29 @@ class BlockRows:
         self.page_length = config.block_length  # a prefix page is a prompt block
         self.parts = step_parts(lm.layout)
         self.constrained = ConstrainedRows(lm.vocab_size, lm.special_ids.eos_id, self.sampler)
+
+    @staticmethod
+    def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
+        """The KV cache (or, without one, the key mask) and the prefix cache's pool of blocks, the tokens and
+        positions; a step holds its rows' activations, masks and the active blocks' logits."""
+        model_config, element = lm.model.config, element_bytes(lm)
+        slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
+        block_length = block_length_for(config, lm)
+        kv_bytes = (cache_bytes(lm, config, model_config.cache_spec(width), block_length) if config.cache != "none"
+                    else slots * (width + 1))
+        hidden, intermediate = model_config.hidden_size, model_config.intermediate_size
+        per_token = 6 * hidden + 3 * intermediate + model_config.num_heads * width
+        per_token += part_attention(lm.layout.part_block_size(block_length)).mask_entries_per_query(width)
+        if model_config.moe is not None:  # each routed copy of a token: gate/up, its product, its output
+            moe = model_config.moe
+            per_token += moe.experts_per_token * (3 * moe.moe_intermediate_size + 2 * hidden)
+        return MemoryModel(
+            weight_bytes=weight_bytes(lm), arena_bytes=kv_bytes + 2 * INDEX_BYTES * slots * width,
+            bytes_per_box_token=element * per_token,
+            # the active blocks' logits in the model's dtype, their float32 softmax and one float32 temporary
+            logit_bytes_per_row=(element + 8) * block_length * model_config.vocab_size,
+            sampling_bytes_per_row=2 * 4 * block_length * model_config.vocab_size,
+            sampling_scratch_bytes=3 * INDEX_BYTES * NOISE_CHUNK_ELEMENTS)
 
     def reusable_pages(self, request: Request) -> int:
         """The prompt blocks that hold no answer column."""

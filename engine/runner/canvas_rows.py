@@ -27,13 +27,16 @@ from engine.config import EngineConfig, SamplingParams
 from engine.models.diffusion_gemma.step import CanvasStep, DecodePart, StorePart
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
+from engine.rules import rule_class
 from engine.rules.base import CanvasRule
 from engine.rules.spans import SpanPlan
 from engine.runner.logit_processors import RowBias, dense_bias
+from engine.runner.memory_model import INDEX_BYTES, MemoryModel, cache_bytes, element_bytes, weight_bytes
 from engine.runner.prefix_cache import PAGE_LENGTH, PrefixCache
 from engine.runner.sampler import Sampler
 from engine.runner.slots import SlotAllocator
 from engine.runner.span_rows import Span, SpanRow, joining_row, planned_spans
+from engine.scheduling.model_fit import block_length_for
 from engine.scheduling.outputs import RowResult, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
 from engine.scheduling.trace import ForwardRecord
@@ -81,6 +84,27 @@ class CanvasRows:
         self.history = self.rule.empty_history(num_slots, self.length, device)
         self.rows_per_chunk = rows_per_chunk(self.length, lm.vocab_size)
         self.rows: dict[str, SpanRow] = {}
+
+    @staticmethod
+    def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
+        """Sliding layers keep a ring of ``sliding_window - 1`` columns, global layers every column, and each slot
+        its canvas, history and self-conditioning; a step holds one chunk of rows' canvas logits at a time
+        (``rows_per_chunk``). The prefix cache's pages keep every layer's columns."""
+        model_config, element = lm.model.config, element_bytes(lm)
+        slots, width = config.max_batch_size, config.resolved_max_model_len(lm.max_length)
+        canvas = block_length_for(config, lm)
+        state = slots * canvas * (model_config.hidden_size * element + 2 * INDEX_BYTES)
+        widest_head = max(shape.num_kv_heads * shape.head_dim for shape in model_config.layers)
+        hidden, heads = model_config.hidden_size, model_config.num_heads
+        per_token = 8 * hidden + 3 * model_config.intermediate_size + heads * width + 4 * widest_head
+        per_token += model_config.experts_per_token * (3 * model_config.moe_intermediate_size + 2 * hidden)
+        return MemoryModel(
+            weight_bytes=weight_bytes(lm),
+            arena_bytes=cache_bytes(lm, config, model_config.cache_spec(width), PAGE_LENGTH) + state,
+            bytes_per_box_token=element * per_token,
+            # the family's sampler's float32 copies of the vocabulary per canvas position, for one chunk of rows
+            logit_bytes_per_row=rule_class(lm.layout.own_rule).vocab_copies * 4 * canvas * model_config.vocab_size,
+            logit_rows=rows_per_chunk(canvas, model_config.vocab_size))
 
     def reusable_pages(self, request: Request) -> int:
         return request.prompt_length // PAGE_LENGTH

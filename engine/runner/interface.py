@@ -19,6 +19,7 @@ from engine.config import EngineConfig
 from engine.models.kv_cache import KVCache
 from engine.models.loader import DiffusionLM
 from engine.rules.base import DecodingRule
+from engine.runner.memory_model import MemoryModel
 from engine.runner.prefix_cache import PrefixCache
 from engine.runner.sampler import Sampler
 from engine.runner.slots import SlotAllocator
@@ -37,6 +38,10 @@ class StepRows(Protocol):
 
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule,
                  slots: SlotAllocator[Request], sampler: Sampler) -> None: ...
+
+    @staticmethod
+    def memory_model(lm: DiffusionLM, config: EngineConfig) -> MemoryModel:
+        """What its rows take: the arena allocated once, and what a step adds (checked before allocating)."""
 
     def reusable_pages(self, request: Request) -> int:
         """The most prompt pages a joining row may take from the prefix cache."""
