@@ -16,6 +16,8 @@ The scheduler sees a completed block per finished block, per autoregressive toke
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from engine.config import EngineConfig
@@ -30,7 +32,7 @@ from engine.runner.sampler import Sampler, spans_bias
 from engine.runner.slots import SlotAllocator
 from engine.runner.span_rows import Span, SpanRow, joining_row, planned_spans
 from engine.scheduling.model_fit import block_length_for
-from engine.scheduling.outputs import RowResult, SchedulerOutput
+from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
 from engine.scheduling.trace import ForwardRecord
 
@@ -75,13 +77,14 @@ class AnchoredRows:
         """The pages are copied from the rows' slots after the step (``PrefixCache.fill``)."""
         prefix_cache.claim_prompts(admitted, [request.slot for request in admitted])
 
-    def run(self, scheduled: SchedulerOutput, prefix_cache: PrefixCache | None
-            ) -> tuple[dict[str, RowResult], ForwardRecord]:
+    def run(self, scheduled: SchedulerOutput, prefix_cache: PrefixCache | None) -> RunnerOutput:
+        started = time.perf_counter()
         spans = planned_spans(self.rows, scheduled, self._plan)
         logits = self.model.run_spans(self._step(spans), self.cache, None)
         if prefix_cache is not None:
             prefix_cache.fill()
-        return self._results(spans, logits), self._record(spans)
+        results = self._results(spans, logits)
+        return RunnerOutput(rows=results, model_time_s=time.perf_counter() - started, record=self._record(spans))
 
     def release(self, finished: list[Request], prefix_cache: PrefixCache | None) -> None:
         for request in finished:

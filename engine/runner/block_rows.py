@@ -10,6 +10,7 @@ final, keyed by request id. The rule alone decides what is done.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
@@ -26,9 +27,8 @@ from engine.runner.prefix_cache import PrefixCache, whole_prompt_blocks
 from engine.runner.sampler import Sampler
 from engine.runner.slots import SlotAllocator
 from engine.scheduling.model_fit import block_length_for
-from engine.scheduling.outputs import RowResult, SchedulerOutput
+from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
-from engine.scheduling.trace import ForwardRecord
 from engine.structured.rows import ConstrainedRows
 
 
@@ -86,16 +86,17 @@ class BlockRows:
     def claim_prompts(self, prefix_cache: PrefixCache, admitted: list[Request]) -> None:
         """Nothing yet: the prompt blocks are kept once the rows' first step has stored them (``run``)."""
 
-    def run(self, scheduled: SchedulerOutput, prefix_cache: PrefixCache | None
-            ) -> tuple[dict[str, RowResult], ForwardRecord]:
-        """One denoising step of the scheduled rows; the admitted rows' prompt blocks are then kept."""
+    def run(self, scheduled: SchedulerOutput, prefix_cache: PrefixCache | None) -> RunnerOutput:
+        """One denoising step of the scheduled rows; the admitted rows' prompt blocks are then kept. Its model
+        time starts once the step's inputs are built."""
         whole, window = self.parts.assign(self.batch, scheduled)
         self.batch.pack_window_rows(window)
         inputs = prepare_inputs(self.batch, self.parts, whole, window, self._logit_offsets)
+        started = time.perf_counter()
         rows = self._run(inputs)
         if prefix_cache is not None:
             prefix_cache.keep_prompts(scheduled.admitted)
-        return rows, inputs.record
+        return RunnerOutput(rows=rows, model_time_s=time.perf_counter() - started, record=inputs.record)
 
     def release(self, finished: list[Request], prefix_cache: PrefixCache | None) -> None:
         """The leaving rows' answer blocks enter the prefix cache, and their rule states go."""

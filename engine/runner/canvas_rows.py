@@ -19,6 +19,7 @@ With prefix caching a joining row's prompt starts from its cached pages, and its
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +38,7 @@ from engine.runner.sampler import Sampler
 from engine.runner.slots import SlotAllocator
 from engine.runner.span_rows import Span, SpanRow, joining_row, planned_spans
 from engine.scheduling.model_fit import block_length_for
-from engine.scheduling.outputs import RowResult, SchedulerOutput
+from engine.scheduling.outputs import RowResult, RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request, TokenLogprob, first_stop
 from engine.scheduling.trace import ForwardRecord
 
@@ -122,15 +123,16 @@ class CanvasRows:
         for request, pages in zip(admitted, prefix_cache.claim_prompts(admitted, None)):
             self.rows[request.request_id].pages = pages
 
-    def run(self, scheduled: SchedulerOutput, prefix_cache: PrefixCache | None
-            ) -> tuple[dict[str, RowResult], ForwardRecord]:
+    def run(self, scheduled: SchedulerOutput, prefix_cache: PrefixCache | None) -> RunnerOutput:
+        started = time.perf_counter()
         spans = planned_spans(self.rows, scheduled, self._plan)
         for span in spans:
             if span.plan.draws:
                 self._draw(span.row)
         step, record = self._inputs(spans)
         hidden = self.model.run_spans(step, self.cache, prefix_cache.pool if prefix_cache is not None else None)
-        return self._decode(spans, hidden), record
+        results = self._decode(spans, hidden)
+        return RunnerOutput(rows=results, model_time_s=time.perf_counter() - started, record=record)
 
     def release(self, finished: list[Request], prefix_cache: PrefixCache | None) -> None:
         for request in finished:

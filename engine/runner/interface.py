@@ -23,9 +23,8 @@ from engine.runner.memory_model import MemoryModel
 from engine.runner.prefix_cache import PrefixCache
 from engine.runner.sampler import Sampler
 from engine.runner.slots import SlotAllocator
-from engine.scheduling.outputs import RowResult, SchedulerOutput
+from engine.scheduling.outputs import RunnerOutput, SchedulerOutput
 from engine.scheduling.request import Request
-from engine.scheduling.trace import ForwardRecord
 
 
 class StepRows(Protocol):
@@ -53,8 +52,7 @@ class StepRows(Protocol):
         """Claim the joining rows' whole prompt pages for the prefix cache to keep, once every one has reused
         its run."""
 
-    def run(self, scheduled: SchedulerOutput, prefix_cache: PrefixCache | None
-            ) -> tuple[dict[str, RowResult], ForwardRecord]:
+    def run(self, scheduled: SchedulerOutput, prefix_cache: PrefixCache | None) -> RunnerOutput:
         """One forward of every scheduled row's span, then each row's result as its rule reads it."""
 
     def release(self, finished: list[Request], prefix_cache: PrefixCache | None) -> None:

@@ -8,8 +8,6 @@ id; the scheduler alone decides who runs.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from engine.config import EngineConfig
@@ -56,9 +54,7 @@ class Runner:
         self._admit(scheduled.admitted)
         if not scheduled.num_rows:
             return RunnerOutput(rows={}, model_time_s=0.0)
-        started = time.perf_counter()
-        results, record = self.rows.run(scheduled, self.prefix_cache)
-        return RunnerOutput(rows=results, model_time_s=time.perf_counter() - started, record=record)
+        return self.rows.run(scheduled, self.prefix_cache)
 
     def release(self, finished: list[Request]) -> None:
         """The rows that left give their slots back at once, so an idle engine holds no row."""

@@ -58,10 +58,10 @@ class RowResult:
 
 @dataclass(frozen=True)
 class RunnerOutput:
-    """What one runner's ``execute`` returned, keyed by request id."""
+    """What the runner's ``execute`` returned, keyed by request id."""
 
     rows: dict[str, RowResult]
-    model_time_s: float
+    model_time_s: float  # the step's forward and decoding rule (a block row's input building is host overhead)
     record: ForwardRecord = ForwardRecord()  # the forward's shape (all zeros when no row ran)
 
 
