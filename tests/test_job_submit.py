@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.pipeline_helpers import REPO_ROOT, read_outputs
@@ -93,6 +94,18 @@ def submit(address: str, *entrypoint: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+def wait_for_dashboard(address: str, head: subprocess.Popen, deadline: float) -> None:
+    """Until the head's dashboard answers (or the head exits, or ``deadline``): a ``ray job submit`` sent
+    before then fails to connect, after seconds of its own start-up, and is retried only after a pause."""
+    while time.time() < deadline and head.poll() is None:
+        try:
+            if httpx.get(f"{address}/api/version", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+
+
 def test_ray_job_submit_runs_the_tiny_job_on_a_separate_head(local_head, tmp_path):
     address, head = local_head
     output = tmp_path / "out"
@@ -100,6 +113,7 @@ def test_ray_job_submit_runs_the_tiny_job_on_a_separate_head(local_head, tmp_pat
                   "--output", str(output), "--set", "limit=6", "--set", "sampling.max_new_tokens=32",
                   "--set", "actors.num_actors=1", "--set", "actors.batch_size=3"]
     deadline = time.time() + 240
+    wait_for_dashboard(address, head, deadline)
     while True:  # a fresh head answers "No available agent to submit job" for its first seconds
         result = submit(address, *entrypoint)
         retry = result.returncode != 0 and ("agent" in result.stdout + result.stderr
