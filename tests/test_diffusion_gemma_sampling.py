@@ -46,19 +46,34 @@ def lm():
 
 @pytest.fixture(scope="module")
 def reference():
-    return DiffusionGemmaForBlockDiffusion.from_pretrained(FIXTURE, dtype=torch.float32).eval()
+    """transformers' model, and the seeded runs made on it so far (``biased_reference``): both tests ask
+    for the same (prompt, seed, bias, settings) runs, whose tokens and recorded logits do not change."""
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(FIXTURE, dtype=torch.float32).eval()
+    return model, {}
+
+
+def reference_run(reference, lm, prompt: str, seed: int, bias: dict[int, float],
+                  settings: dict) -> tuple[list[int], torch.Tensor]:
+    """transformers' generate at batch 1 after torch.manual_seed(seed) with ``logits_processor=[AddBias]``
+    (a new list each call: generate appends its temperature schedule to the list it is given): its tokens,
+    cut as ours are, and the log-probabilities of every canvas position, from the committing step's biased
+    logits by ``torch.log_softmax``. transformers' generate returns no scores, so the processor records the
+    logits. Made once per (prompt, seed, bias, settings) in this module."""
+    model, runs = reference
+    key = (prompt, seed, tuple(sorted(bias.items())), tuple(sorted(settings.items())))
+    if key not in runs:
+        processor = AddBias(bias, lm.vocab_size)
+        tokens = reference_tokens(model, lm, prompt, seed, MAX_NEW_TOKENS,
+                                  {**settings, "logits_processor": LogitsProcessorList([processor])})
+        runs[key] = tokens, torch.cat([torch.log_softmax(processor.latest[context], dim=-1)
+                                       for context in sorted(processor.latest)])
+    return runs[key]
 
 
 def biased_reference(reference, lm, prompt: str, seed: int, bias: dict[int, float], settings: dict,
                      num_top: int = 0) -> tuple[list[int], list[TokenLogprob]]:
-    """transformers' generate at batch 1 after torch.manual_seed(seed) with ``logits_processor=[AddBias]``
-    (a new list each call: generate appends its temperature schedule to the list it is given): its tokens,
-    cut as ours are, and their log-probabilities, from the committing step's biased logits by
-    ``torch.log_softmax``. transformers' generate returns no scores, so the processor records the logits."""
-    processor = AddBias(bias, lm.vocab_size)
-    tokens = reference_tokens(reference, lm, prompt, seed, MAX_NEW_TOKENS,
-                              {**settings, "logits_processor": LogitsProcessorList([processor])})
-    logprobs = torch.cat([torch.log_softmax(processor.latest[context], dim=-1) for context in sorted(processor.latest)])
+    """``reference_run``'s tokens, and each one's log-probability with the ``num_top`` most likely."""
+    tokens, logprobs = reference_run(reference, lm, prompt, seed, bias, settings)
     top = logprobs.topk(num_top, dim=-1)
     return tokens, [TokenLogprob(token, logprobs[j, token].item(), tuple(zip(top.indices[j].tolist(),
                                                                            top.values[j].tolist())))
