@@ -99,3 +99,17 @@ def loaded64():
     from tests.model_helpers import load_families
 
     return load_families("float64")
+
+
+@pytest.fixture
+def one_thread_per_rank():
+    """Torch's intra-op threads at one in this process for the test, and so in the rank processes of a
+    tensor-parallel engine it starts (each takes rank 0's count). At torch's default, two ranks on a 2-core
+    machine ran four threads whose collectives wait on each other at every layer: tests/test_tensor_parallel.py
+    took 153 s, 73 s with one thread each, back to back at load 3-4. Each rank still runs its share whole."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

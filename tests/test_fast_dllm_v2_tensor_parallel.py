@@ -30,6 +30,7 @@ def tokens(engine: BlockServeEngine, prompts: list, params: list[SamplingParams]
     return [output.token_ids for output in engine.generate(prompts, params)]
 
 
+@pytest.mark.usefixtures("one_thread_per_rank")
 def test_two_ranks_at_28_query_and_4_key_value_heads_give_one_devices_tokens(checkpoint):
     whole_lm = load_model(checkpoint, dtype="float64")
     whole = tokens(BlockServeEngine(whole_lm, EngineConfig(**CONFIG)), PROMPTS, PARAMS)

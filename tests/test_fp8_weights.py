@@ -93,6 +93,7 @@ def test_quantization_fp8_on_a_bf16_checkpoint_is_the_fp8_checkpoint_made_from_i
             == [output.token_ids for output in BlockServeEngine(stored).generate(prompts, params)])
 
 
+@pytest.mark.usefixtures("one_thread_per_rank")
 @pytest.mark.parametrize("family, stored", [("llada2", True), ("diffusion_gemma", False)])
 def test_two_ranks_give_one_devices_tokens_with_fp8_weights(family, stored, checkpoints):
     """LLaDA2's FP8 checkpoint (fused q/k/v cut with its scales); DiffusionGemma's own checkpoint quantized at

@@ -105,6 +105,7 @@ def test_cached_prompt_blocks_give_the_tokens_of_an_uncached_run(lm):
     assert first == second == uncached.generate([prompt], param)[0].token_ids
 
 
+@pytest.mark.usefixtures("one_thread_per_rank")
 def test_two_tensor_parallel_ranks_give_one_devices_tokens(tmp_path):
     """Each rank routes every token with the whole gate; the rule reads the logits joined over the ranks."""
     model = write_llada22(tmp_path)

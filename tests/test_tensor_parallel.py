@@ -16,6 +16,7 @@ from tests.conftest import FIXTURES
 PROMPTS = ["hello there", "the quick brown fox jumps", "1 2 3 4", "a"]
 PARAMS = SamplingParams(max_new_tokens=16, stop_at_eos=False, seed=7)
 FAMILIES = ["llada", "dream", "sdar", "llada2", "diffusion_gemma", "nemotron_labs_diffusion"]
+pytestmark = pytest.mark.usefixtures("one_thread_per_rank")  # ranks share the machine's cores (conftest)
 
 
 def tokens(engine: BlockServeEngine, prompts: list[str]) -> list[list[int]]:
