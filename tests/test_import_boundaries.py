@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "actors", "pipeline", "tinylm", "scripts", "benchmarks", "research")
 
@@ -116,15 +118,26 @@ def test_the_cycle_finder_sees_a_cycle_through_a_deferred_import():
     assert "tinylm.tasks" in imported_names(tree, "tinylm.tokenizer", is_package=False)
 
 
-def modules_loaded_by(code: str) -> set[str]:
-    """The top-level modules a fresh interpreter holds after running ``code``."""
-    probe = f"{code}; import sys; print(' '.join(sorted({{name.split('.')[0] for name in sys.modules}})))"
+def modules_loaded_by(code: str, top_level: bool = True) -> set[str]:
+    """The modules (by default the top-level ones) a fresh interpreter holds after running ``code``."""
+    name = "name.split('.')[0]" if top_level else "name"
+    probe = f"{code}; import sys; print(' '.join(sorted({{{name} for name in sys.modules}})))"
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     return set(result.stdout.split())
 
 
 def test_importing_the_engine_never_imports_ray():
     assert "ray" not in modules_loaded_by("import engine, engine.engine, engine.models")
+
+
+@pytest.mark.parametrize("fixture", ["tiny-llada2", "tiny-diffusion_gemma", "tiny-nemotron_labs_diffusion"])
+def test_an_eager_model_loads_and_decodes_without_importing_the_compiler(fixture):
+    """torch._dynamo takes over a second of every actor's, rank's and replica's start; only compile=True needs it."""
+    code = ("from engine import BlockServeEngine, EngineConfig, SamplingParams; from engine.models import load_model; "
+            f"lm = load_model({str(ROOT / 'tests' / 'fixtures' / fixture)!r}); "
+            "engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2)); "
+            "engine.generate([[5, 6, 7]], SamplingParams(max_new_tokens=4))")
+    assert "torch._dynamo" not in modules_loaded_by(code, top_level=False)
 
 
 def test_importing_actors_loads_neither_torch_nor_ray():

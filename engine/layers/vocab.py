@@ -88,7 +88,10 @@ def weighted_embeddings(embedding: nn.Module, probabilities: torch.Tensor) -> to
 def embedding(vocab_size: int, hidden_size: int, shard: TensorShard) -> nn.Module:
     """``nn.Embedding`` on one device, else this rank's :class:`VocabularyEmbedding` (same ``weight`` name)."""
     if not shard.is_split:
-        return nn.Embedding(vocab_size, hidden_size)
+        weight = torch.empty(vocab_size, hidden_size)
+        if not weight.is_meta:  # nn.Embedding's own random fill; on the meta device the loader fills it (a meta
+            nn.init.normal_(weight)  # fill would import torch._dynamo, over a second of a process's start)
+        return nn.Embedding(vocab_size, hidden_size, _weight=weight)
     return VocabularyEmbedding(vocab_size, hidden_size, shard)
 
 

@@ -134,7 +134,9 @@ class Router(nn.Module):
     def __init__(self, hidden_size: int, num_experts: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32))
-        nn.init.normal_(self.weight, std=hidden_size ** -0.5)  # a model built with random weights
+        if not self.weight.is_meta:  # a model built with random weights; on the meta device the loader fills it
+            # (a meta fill would import torch._dynamo, over a second of a process's start)
+            nn.init.normal_(self.weight, std=hidden_size ** -0.5)
         self.register_buffer("expert_bias", torch.zeros(num_experts, dtype=torch.float32))
 
     def _apply(self, fn, recurse=True):
@@ -209,10 +211,11 @@ class StackedExperts(nn.Module):
         self.intermediate_size, self.shard = intermediate_size, shard
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
-        # random weights for a model built without a checkpoint (the loader builds on the meta device,
-        # where this is free); left empty they held whatever memory held, NaNs and denormals included
-        nn.init.normal_(self.gate_up_proj, std=hidden_size ** -0.5)
-        nn.init.normal_(self.down_proj, std=intermediate_size ** -0.5)
+        # random weights for a model built without a checkpoint: left empty they held whatever memory held,
+        # NaNs and denormals included. The loader builds on the meta device and fills them itself.
+        if not self.gate_up_proj.is_meta:
+            nn.init.normal_(self.gate_up_proj, std=hidden_size ** -0.5)
+            nn.init.normal_(self.down_proj, std=intermediate_size ** -0.5)
 
     def weight_slots(self, name: str) -> dict[str, WeightSlot]:
         return expert_slots(self, f"{name}." if name else "", self.shard, stacked=False)

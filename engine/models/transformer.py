@@ -185,11 +185,14 @@ class BidirectionalTransformer(nn.Module):
         """Run forwards as ``options`` say: through compiled, shape-bucketed layers
         (``engine.models.compiled``) or eagerly, and with each row's attention computed alone over its
         own keys (:meth:`Attention._attend_each_row`) or not. The loader applies them once, before any
-        engine runs the model: every engine that shares this model object runs it the same way."""
-        from engine.models.compiled import CompiledForward
-
+        engine runs the model: every engine that shares this model object runs it the same way. An eager
+        model never imports the compiler (torch._dynamo takes over a second of a process's start)."""
         self.options = options
-        self.compiled = CompiledForward(self) if options.compile else None
+        self.compiled = None
+        if options.compile:
+            from engine.models.compiled import CompiledForward
+
+            self.compiled = CompiledForward(self)
         for layer in self.layers:
             layer.attention.batch_invariant = options.batch_invariant
 

@@ -75,11 +75,13 @@ class DiffusionGemmaTransformer(nn.Module):
 
     def apply_options(self, options: ModelOptions) -> None:
         """Run canvases through compiled, bucketed graphs (``engine.models.diffusion_gemma.compiled``) or
-        eagerly, and batch-invariantly (each row alone) or not."""
-        from engine.models.diffusion_gemma.compiled import CompiledCanvas
-
+        eagerly, and batch-invariantly (each row alone) or not. An eager model never imports the compiler."""
         self.options = options
-        self.compiled = CompiledCanvas(self) if options.compile else None
+        self.compiled = None
+        if options.compile:
+            from engine.models.diffusion_gemma.compiled import CompiledCanvas
+
+            self.compiled = CompiledCanvas(self)
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer, and each layer's experts also one at a time, as FP8 checkpoints split
