@@ -41,11 +41,16 @@ def measure(lm, prompts: list[list[int]], settings: dict) -> dict:
             "tokens": sum(len(output.token_ids) for output in outputs)}
 
 
+def seeded_prompts(count: int) -> list[list[int]]:
+    """``count`` prompts of 3 to 39 token ids in 10 to 89, the same at every run."""
+    rng = random.Random(0)
+    return [[rng.randrange(10, 90) for _ in range(rng.randrange(3, 40))] for _ in range(count)]
+
+
 def main() -> None:
     torch.set_num_threads(1)
     lm = load_model(FIXTURE, dtype="float32")
-    rng = random.Random(0)
-    prompts = [[rng.randrange(10, 90) for _ in range(rng.randrange(3, 40))] for _ in range(16)]
+    prompts = seeded_prompts(16)
     print(json.dumps({mode: measure(lm, prompts, settings) for mode, settings in MODES.items()}))
 
 

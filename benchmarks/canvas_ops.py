@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 from pathlib import Path
 
 import torch
 
+from benchmarks.anchored_ops import seeded_prompts
 from benchmarks.host_ops import OpCounter
 from engine import BlockServeEngine, EngineConfig, SamplingParams
 from engine.models import load_model
@@ -39,8 +39,7 @@ def measure(lm, prompts: list[list[int]], settings: dict) -> dict:
 def main() -> None:
     torch.set_num_threads(1)
     lm = load_model(FIXTURE, dtype="float32")
-    rng = random.Random(0)
-    prompts = [[rng.randrange(10, 90) for _ in range(rng.randrange(3, 40))] for _ in range(12)]
+    prompts = seeded_prompts(12)
     print(json.dumps({mode: measure(lm, prompts, settings) for mode, settings in MODES.items()}))
 
 
