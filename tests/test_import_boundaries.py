@@ -131,13 +131,14 @@ def test_importing_the_engine_never_imports_ray():
 
 
 @pytest.mark.parametrize("fixture", ["tiny-llada2", "tiny-diffusion_gemma", "tiny-nemotron_labs_diffusion"])
-def test_an_eager_model_loads_and_decodes_without_importing_the_compiler(fixture):
-    """torch._dynamo takes over a second of every actor's, rank's and replica's start; only compile=True needs it."""
+def test_an_eager_model_loads_and_decodes_without_the_compiler_sympy_or_xgrammar(fixture):
+    """Each is a quarter to over a second of every actor's, rank's and replica's start: torch._dynamo is for
+    compile=True, sympy for torch's Python references, xgrammar for a constrained request."""
     code = ("from engine import BlockServeEngine, EngineConfig, SamplingParams; from engine.models import load_model; "
             f"lm = load_model({str(ROOT / 'tests' / 'fixtures' / fixture)!r}); "
             "engine = BlockServeEngine(lm, EngineConfig(max_batch_size=2)); "
             "engine.generate([[5, 6, 7]], SamplingParams(max_new_tokens=4))")
-    assert "torch._dynamo" not in modules_loaded_by(code, top_level=False)
+    assert not {"torch._dynamo", "sympy", "xgrammar"} & modules_loaded_by(code, top_level=False)
 
 
 def test_importing_actors_loads_neither_torch_nor_ray():

@@ -130,7 +130,9 @@ def load_weights(
     model.to(dtype)  # still on the meta device: the parameters are born in ``dtype``, never float32
     if fp8 is not None:
         to_fp8(model, fp8, checkpoint_name, shard)
-    model.to_empty(device=device)
+    # to_empty's empty_like of a meta tensor runs torch's Python references, which import sympy (a third of a
+    # second of every process's start); an empty tensor of each shape is the same storage without them
+    model._apply(lambda tensor: torch.empty(tensor.shape, dtype=tensor.dtype, device=device))
     model.tie_weights()  # moving off the meta device unties shared parameters
     slots = checkpoint_slots(model)  # fused projections appear as their checkpoint's parts
     params = {name: slot.tensor for name, slot in slots.items()}

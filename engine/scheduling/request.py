@@ -101,7 +101,7 @@ class Request:
     block_index: int = 0  # the block being decoded; once it is complete, the number of blocks done
     between_blocks: bool = False  # its last block is final and the next one has not started
     step_in_block: int = 0  # denoising steps taken in the current block (block_index's)
-    slot: int | None = None  # its row in the runner's persistent batch while it runs
+    slot: int | None = None  # its row of the runner's preallocated state while it runs (None: not running)
     cached_prefix: int = 0  # prompt columns from 0 whose keys/values came from the prefix cache
     cache_tail: CachedBlock | None = None  # the prefix cache's last block of its row
     grammar: object | None = None  # its structured_outputs compiled (engine.structured.grammars); None: free text

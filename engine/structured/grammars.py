@@ -17,15 +17,16 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from typing import Any
-
-import xgrammar
+from typing import TYPE_CHECKING, Any
 
 from engine.models.loader import DiffusionLM
 from engine.rules.base import DecodingRule
 from engine.rules.unmasking import UnmaskingRule
 from engine.structured.spec import GrammarSpec, grammar_spec
 from engine.structured.vocabulary import Vocabulary, vocabulary
+
+if TYPE_CHECKING:
+    import xgrammar
 
 CACHED_GRAMMARS = 256  # compiled grammars kept, least recently used dropped first
 COMPACT_SEPARATORS = (",", ":")
@@ -86,6 +87,8 @@ class Grammars:
         return grammar
 
     def _compile(self, spec: GrammarSpec) -> xgrammar.CompiledGrammar:
+        import xgrammar
+
         with self._lock:
             compiler = self._compiler or self._new_compiler()
         try:
@@ -100,6 +103,8 @@ class Grammars:
                 from None
 
     def _new_compiler(self) -> xgrammar.GrammarCompiler:
+        import xgrammar
+
         self._vocabulary = vocabulary(self.lm.tokenizer, self.lm.vocab_size, list(self.lm.special_ids.stop_ids))
         self._compiler = xgrammar.GrammarCompiler(self._vocabulary.info, max_threads=2, cache_enabled=False)
         return self._compiler
@@ -107,6 +112,8 @@ class Grammars:
 
 def spec_grammar(spec: GrammarSpec) -> xgrammar.Grammar:
     """The grammar of a constraint, before it meets a vocabulary (JSON with no free whitespace)."""
+    import xgrammar
+
     if spec.kind in ("json", "json_object"):
         return xgrammar.Grammar.from_json_schema(spec.source or '{"type": "object"}', any_whitespace=False,
                                                  separators=COMPACT_SEPARATORS, strict_mode=True)

@@ -19,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar
 
 from engine.rules.base import BlockUpdate, BlockView
 from engine.rules.proposals import Sampling
@@ -30,6 +30,9 @@ from engine.runner.logit_positions import positions_of
 from engine.runner.logit_processors import TokenFilters
 from engine.runner.sampler import Sampler
 from engine.scheduling.request import Request
+
+if TYPE_CHECKING:
+    import xgrammar
 
 
 @dataclass
@@ -53,6 +56,8 @@ class ConstrainedRows:
 
     def admit(self, request: Request) -> None:
         if request.grammar is not None:
+            import xgrammar  # imported by the first constrained row: a free request never loads it
+
             self.matchers[request.request_id] = xgrammar.GrammarMatcher(request.grammar)
 
     def release(self, request: Request) -> None:
@@ -121,6 +126,8 @@ class ConstrainedRows:
     def _propose_at(self, inputs: StepBatch, live: list[Chain], depth: int, logits: torch.Tensor,
                     sampled: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The proposals ``[live, 1]`` and their confidences at each live chain's ``depth``-th position."""
+        import xgrammar
+
         positions = [chain.positions[depth] for chain in live]
         matchers = [self.matchers[inputs.rows[chain.row].request_id] for chain in live]
         bitmask = xgrammar.allocate_token_bitmask(len(live), self.vocab_size)

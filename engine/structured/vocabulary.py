@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import xgrammar
+if TYPE_CHECKING:
+    import xgrammar
+
 
 WORD_PIECE_CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
                       (" 'm", "'m"), (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
@@ -34,6 +36,8 @@ class Vocabulary:
 
 def vocabulary(tokenizer: Any, vocab_size: int, stop_ids: list[int]) -> Vocabulary:
     """The vocabulary of a Hugging Face tokenizer, with WordPiece's spaces made explicit."""
+    import xgrammar
+
     decoder = decoder_settings(tokenizer)
     if decoder.get("type") != "WordPiece":
         return Vocabulary(xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
