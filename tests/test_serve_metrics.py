@@ -108,20 +108,27 @@ def test_every_replica_is_in_rays_metrics_export_with_its_tags(two_replicas):
             if len(served) == 2 and all(served.values()):
                 break
     assert len(served) == 2 and all(served.values()), f"both replicas should have served: {served}"
+    invalid = [httpx.post(f"{two_replicas}/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "a code"}], "max_tokens": 8,
+        "structured_outputs": {"regex": "a[b"}}) for _ in range(2)]  # a regex that does not compile
+    assert [response.status_code for response in invalid] == [400, 400]
 
-    deadline, found = time.time() + EXPORT_TIMEOUT_S, {}
+    deadline, found, refused = time.time() + EXPORT_TIMEOUT_S, {}, {}
     while time.time() < deadline:
         samples = [sample for sample in ray_export() if sample.name.startswith("ray_blockserve_")
                    and sample.labels.get("application") == APP]
-        found = {}
+        found, refused = {}, {}
         for sample in samples:
             if sample.name == "ray_blockserve_requests_total":
                 found[sample.labels["replica"]] = found.get(sample.labels["replica"], 0) + sample.value
-        if set(found) == set(served) and sum(found.values()) == sent:
+            if sample.name == "ray_blockserve_requests_invalid_total":
+                refused[sample.labels["param"]] = refused.get(sample.labels["param"], 0) + sample.value
+        if set(found) == set(served) and sum(found.values()) == sent and refused == {"structured_outputs": 2}:
             break
         time.sleep(1)
     assert set(found) == set(served), f"replicas in Ray's export {found}, replicas that served {served}"
     assert all(found.values()) and sum(found.values()) == sent, (found, sent)
+    assert refused == {"structured_outputs": 2}, refused  # the 400s of the engine's check, by body field
 
     names = {(sample.name, sample.labels["replica"]) for sample in samples}
     for replica in served:

@@ -22,8 +22,10 @@ Metrics (as Ray exports them):
 ``ray_blockserve_generated_tokens_total``, ``ray_blockserve_prompt_tokens_total``,
 ``ray_blockserve_cached_prompt_tokens_total``,
 ``ray_blockserve_steps_total``, ``ray_blockserve_requests_total{finish_reason}``,
-``ray_blockserve_requests_rejected_total`` (429s) (counters); ``ray_blockserve_request_latency_seconds``,
-``ray_blockserve_time_to_first_block_seconds``, ``ray_blockserve_queue_seconds`` (histograms).
+``ray_blockserve_requests_rejected_total`` (429s),
+``ray_blockserve_requests_invalid_total{param}`` (400s from the engine's admission check) (counters);
+``ray_blockserve_request_latency_seconds``, ``ray_blockserve_time_to_first_block_seconds``,
+``ray_blockserve_queue_seconds`` (histograms).
 Gauges are set after every engine step and refreshed once a second by :meth:`ServeMetrics.watch`, so an
 idle replica reports its live queue and a dead engine loop reports ``engine_loop_healthy 0``.
 """
@@ -99,6 +101,9 @@ class ServeMetrics:
         self.requests = make("Counter", "blockserve_requests", "Requests finished by the engine, by reason",
                              ("finish_reason",))
         self.rejected = make("Counter", "blockserve_requests_rejected", "Requests refused (429): queue full")
+        self.invalid = make("Counter", "blockserve_requests_invalid",
+                            "Requests refused (400) by the engine's admission check, by the body field at fault",
+                            ("param",))
         self.latency = make("Histogram", "blockserve_request_latency_seconds", "Arrival to last block")
         self.time_to_first_block = make("Histogram", "blockserve_time_to_first_block_seconds",
                                         "Arrival to the first committed block")

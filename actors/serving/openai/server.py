@@ -174,7 +174,10 @@ class OpenAIServer:
         except AdmissionError as error:
             if error.param.startswith("structured_outputs") and body.response_format is not None:
                 error.param = "response_format"  # the body asked in OpenAI's words
-            raise OpenAIError(str(error), param=names.get(error.param, error.param),
+            field = names.get(error.param, error.param)
+            if self.metrics is not None:
+                self.metrics.invalid.inc(tags={"param": (field or "body").split(".")[0]})
+            raise OpenAIError(str(error), param=field,
                               code="context_length_exceeded" if error.too_long else "invalid_value") from None
         request_id = new_id("chatcmpl" if chat else "cmpl")
         try:
