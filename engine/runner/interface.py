@@ -1,7 +1,7 @@
-"""What the runner asks of a row kind, and the row kinds a layout may name (``RowLayout.step_kind``).
+"""What the runner asks of a step kind, and the step kinds a layout may name (``RowLayout.step_kind``).
 
 The one runner (``engine.runner.runner``) keeps what every row needs: its slot, the prefix cache and the
-sampler. A row kind's module keeps the rest of its rows' state on the device and runs one step of them, in
+sampler. A step kind's module keeps the rest of its rows' state on the device and runs one step of them, in
 one forward of its model, with each row's rule planning its span and reading the step back:
 
 * **blocks** (``engine.runner.block_rows``): a row's span is its active block in a persistent batch, refreshed
@@ -28,7 +28,7 @@ from engine.scheduling.request import Request
 
 
 class StepRows(Protocol):
-    """One row kind's side of the runner's step: its device state, its forward and its rule's reading."""
+    """One step kind's side of the runner's step: its device state, its forward and its rule's reading."""
 
     rule: DecodingRule  # the rule that plans its rows' spans and reads them back
     cache: KVCache | None  # every layer's keys and values of every slot (None: the rows keep none)
@@ -60,7 +60,7 @@ class StepRows(Protocol):
 
 
 def step_rows_class(step_kind: str) -> type[StepRows]:
-    """The row kind a layout names: "blocks", "anchored" or "canvas"."""
+    """The step kind a layout names: "blocks", "anchored" or "canvas"."""
     from engine.runner.anchored_rows import AnchoredRows
     from engine.runner.block_rows import BlockRows
     from engine.runner.canvas_rows import CanvasRows

@@ -3,7 +3,7 @@
 A page holds ``page_length`` positions of every layer of a :class:`~engine.models.kv_cache.KVCache`, in its
 :class:`~engine.models.kv_cache.PagePool`; a :class:`~engine.scheduling.prefix_index.PrefixIndex` keyed by
 the tokens up to each page finds a prompt's longest cached run. Only layouts that store a prompt causally
-cache it, so a position's keys and values depend on nothing after it. Every row kind goes through four steps:
+cache it, so a position's keys and values depend on nothing after it. Every step kind goes through four steps:
 
 - **reuse**: a joining row copies its longest cached run into its slot (a full layer's columns are positions,
   a sliding layer's ring takes the run's last ``ring`` positions) and computes only the rest of its prompt;
@@ -111,7 +111,7 @@ class PrefixCache:
         for pool_layer, layer in zip(self.pool.layers, self.cache.layers):
             pool_layer[entries] = layer[slots[:, None], :, :, columns].permute(0, 2, 3, 1, 4)
 
-    # -- what each row kind asks ---------------------------------------------------------------------
+    # -- what each step kind asks --------------------------------------------------------------------
     def claim_prompts(self, requests: Sequence[Request], slots: Sequence[int] | None) -> list[tuple[int, ...]]:
         """Claim the whole prompt pages that joining ``requests`` lack, after every one of them reused its
         run. With ``slots`` :meth:`fill` copies them after this step; without, returns each row's

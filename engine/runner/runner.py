@@ -1,7 +1,7 @@
 """The runner: runs one step of the scheduled rows and owns their state between steps. No policy.
 
-Every row kind steps here. The runner gives a joining row its slot and its prompt's cached pages, and takes
-both back when the row leaves; one sampler turns every kind's logits into tokens. A row kind's module
+Every step kind runs here. The runner gives a joining row its slot and its prompt's cached pages, and takes
+both back when the row leaves; one sampler turns every kind's logits into tokens. A step kind's module
 (``engine.runner.interface``) holds the rest of its rows' device state and runs the step: one forward of
 every row's span, each span planned by the row's rule and read back by it. Results return keyed by request
 id; the scheduler alone decides who runs.
@@ -22,7 +22,7 @@ from engine.scheduling.request import Request
 
 
 class Runner:
-    """The slots, prefix cache and sampler of one model's rows, and the row kind that steps them."""
+    """The slots, prefix cache and sampler of one model's rows, and the step kind's module that runs them."""
 
     def __init__(self, lm: DiffusionLM, config: EngineConfig, max_row_width: int, rule: DecodingRule):
         self.slots: SlotAllocator[Request] = SlotAllocator(config.max_batch_size)

@@ -1,6 +1,6 @@
 """The slots of a runner's preallocated state, and which running request holds each.
 
-Every row kind keeps its rows' device state (tokens, keys and values, canvases) in ``[slots, ...]`` tensors
+Every step kind keeps its rows' device state (tokens, keys and values, canvases) in ``[slots, ...]`` tensors
 allocated once. A joining request takes the lowest free slot, so a small batch stays in the low slots and a
 view of ``[0, n)`` covers it; a leaving one gives its slot back. The block rows' packing moves a request
 between slots (:meth:`SlotAllocator.move`, :meth:`SlotAllocator.swap`).
