@@ -80,6 +80,22 @@ def ray_export() -> list:
     return samples
 
 
+def send_invalid(url: str, count: int) -> list[int]:
+    """``count`` chat requests whose ``structured_outputs`` regex does not compile; their status codes."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a code"}], "max_tokens": 8,
+            "structured_outputs": {"regex": "a[b"}}
+    return [httpx.post(f"{url}/v1/chat/completions", timeout=60, json=body).status_code for _ in range(count)]
+
+
+def summed(samples: list, name: str, label: str) -> dict[str, float]:
+    """The values of the samples called ``name``, summed by their ``label``."""
+    totals: dict[str, float] = {}
+    for sample in samples:
+        if sample.name == name:
+            totals[sample.labels[label]] = totals.get(sample.labels[label], 0) + sample.value
+    return totals
+
+
 def test_every_replica_is_in_rays_metrics_export_with_its_tags(two_replicas):
     from openai import OpenAI
 
@@ -108,21 +124,14 @@ def test_every_replica_is_in_rays_metrics_export_with_its_tags(two_replicas):
             if len(served) == 2 and all(served.values()):
                 break
     assert len(served) == 2 and all(served.values()), f"both replicas should have served: {served}"
-    invalid = [httpx.post(f"{two_replicas}/v1/chat/completions", timeout=60, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "a code"}], "max_tokens": 8,
-        "structured_outputs": {"regex": "a[b"}}) for _ in range(2)]  # a regex that does not compile
-    assert [response.status_code for response in invalid] == [400, 400]
+    assert send_invalid(two_replicas, 2) == [400, 400]
 
     deadline, found, refused = time.time() + EXPORT_TIMEOUT_S, {}, {}
     while time.time() < deadline:
         samples = [sample for sample in ray_export() if sample.name.startswith("ray_blockserve_")
                    and sample.labels.get("application") == APP]
-        found, refused = {}, {}
-        for sample in samples:
-            if sample.name == "ray_blockserve_requests_total":
-                found[sample.labels["replica"]] = found.get(sample.labels["replica"], 0) + sample.value
-            if sample.name == "ray_blockserve_requests_invalid_total":
-                refused[sample.labels["param"]] = refused.get(sample.labels["param"], 0) + sample.value
+        found = summed(samples, "ray_blockserve_requests_total", "replica")
+        refused = summed(samples, "ray_blockserve_requests_invalid_total", "param")
         if set(found) == set(served) and sum(found.values()) == sent and refused == {"structured_outputs": 2}:
             break
         time.sleep(1)
